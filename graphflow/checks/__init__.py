@@ -1,0 +1,1 @@
+"""End-to-end correctness checks run by ``graphflow check``."""

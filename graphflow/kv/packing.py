@@ -1,0 +1,143 @@
+"""Pack a transformers KV cache into blocks, and rebuild a cache from blocks.
+
+A transformers ``DynamicCache`` holds, per layer, ``keys``/``values`` of shape
+``[batch=1, kv_heads, seq, head_dim]``. Packing stacks them once to
+``[layers, 2, kv_heads, seq, head_dim]`` and cuts that along ``seq`` into blocks of
+``block_tokens`` tokens; unpacking concatenates blocks back along ``seq``. Both directions
+copy bytes exactly: a rebuilt cache is bit-identical to the packed one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PretrainedConfig
+
+from graphflow.kv.block import ROOT_KEY, KVBlock, block_key, make_block
+from graphflow.kv.errors import IncompatibleState
+from graphflow.kv.state import ModelIdentity
+
+__all__ = [
+    "blocks_to_cache",
+    "cache_length",
+    "cache_nbytes",
+    "cache_to_blocks",
+    "layer_tensors",
+    "stack_cache",
+    "validate_chain",
+]
+
+
+def cache_length(cache: DynamicCache) -> int:
+    return int(cache.get_seq_length())
+
+
+def cache_nbytes(cache: DynamicCache) -> int:
+    """Bytes held by the cache's K and V tensors (real tensor sizes)."""
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layer_tensors(cache))
+
+
+def layer_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(keys, values)`` per layer, each ``[batch, kv_heads, seq, head_dim]``."""
+    pairs = []
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+            raise ValueError("the cache is empty or not a full-attention KV cache; prefill some tokens first")
+        pairs.append((keys, values))
+    if not pairs:
+        raise ValueError("the cache has no layers; prefill some tokens first")
+    return pairs
+
+
+def stack_cache(cache: DynamicCache, start: int = 0, end: int | None = None) -> torch.Tensor:
+    """The cache's tokens ``[start, end)`` as one ``[layers, 2, kv_heads, tokens, head_dim]`` tensor."""
+    pairs = layer_tensors(cache)
+    if pairs[0][0].shape[0] != 1:
+        raise ValueError(f"only batch size 1 caches can be packed, got {pairs[0][0].shape[0]}")
+    return torch.stack([torch.stack((k[0, :, start:end], v[0, :, start:end])) for k, v in pairs])
+
+
+def cache_to_blocks(
+    cache: DynamicCache,
+    token_ids: Sequence[int],
+    identity: ModelIdentity,
+    block_tokens: int = 16,
+    *,
+    start: int = 0,
+    parent_key: int = ROOT_KEY,
+) -> list[KVBlock]:
+    """Cut the cache's tokens ``[start, len(token_ids))`` into chained blocks.
+
+    Args:
+        cache: a batch-1 cache holding KV for exactly ``token_ids``.
+        token_ids: all tokens in the cache, from position 0.
+        identity: the model the cache came from; its ``model_key`` goes into every key.
+        block_tokens: tokens per block; only the last block may be shorter.
+        start: first token to pack (the tokens before it are already in blocks); must be a
+            multiple of ``block_tokens`` so block boundaries stay aligned.
+        parent_key: key of the block that ends at ``start`` (``ROOT_KEY`` when ``start == 0``).
+    """
+    n = cache_length(cache)
+    if n != len(token_ids):
+        raise ValueError(f"cache holds {n} tokens but {len(token_ids)} token ids were given")
+    if start % block_tokens:
+        raise ValueError(f"start {start} is not a multiple of block_tokens {block_tokens}")
+    stacked = stack_cache(cache, start)
+    blocks: list[KVBlock] = []
+    for lo in range(start, n, block_tokens):
+        hi = min(lo + block_tokens, n)
+        block = make_block(
+            parent_key, token_ids[lo:hi], lo, stacked[:, :, :, lo - start : hi - start], identity.model_key
+        )
+        blocks.append(block)
+        parent_key = block.key
+    return blocks
+
+
+def validate_chain(blocks: Sequence[KVBlock], identity: ModelIdentity, *, verify_bytes: bool = True) -> None:
+    """Check blocks form one contiguous chain of this model, from position 0.
+
+    Raises:
+        IncompatibleState: a block's key is not this model's hash of its tokens.
+        ValueError: wrong shape/dtype, broken chain, or a partial block before the end.
+        ChecksumMismatch: a block's bytes changed (when ``verify_bytes``).
+    """
+    layout = identity.layout
+    expected_pos = 0
+    expected_parent = ROOT_KEY
+    for i, b in enumerate(blocks):
+        if block_key(b.parent_key, b.token_ids, identity.model_key) != b.key:
+            raise IncompatibleState(
+                f"block {b.key:016x} was not computed by {identity.model_id} with config {identity.config_hash}; "
+                "recompute it with this model"
+            )
+        if b.parent_key != expected_parent or b.position_offset != expected_pos:
+            raise ValueError(f"block {i} ({b.key:016x}) does not continue the chain at position {expected_pos}")
+        if tuple(b.tensor.shape) != layout.block_shape(b.num_tokens):
+            raise ValueError(
+                f"block {b.key:016x} has shape {tuple(b.tensor.shape)}, "
+                f"model expects {layout.block_shape(b.num_tokens)}"
+            )
+        if str(b.tensor.dtype).removeprefix("torch.") != layout.dtype:
+            raise ValueError(f"block {b.key:016x} has dtype {b.tensor.dtype}, model uses {layout.dtype}")
+        if i < len(blocks) - 1 and b.num_tokens != blocks[0].num_tokens:
+            raise ValueError(f"block {i} is partial ({b.num_tokens} tokens) but is not the last block")
+        if verify_bytes:
+            b.verify()
+        expected_parent, expected_pos = b.key, b.token_range[1]
+
+
+def blocks_to_cache(
+    blocks: Sequence[KVBlock], identity: ModelIdentity, config: PretrainedConfig, device: str | torch.device = "cpu"
+) -> DynamicCache:
+    """Rebuild a batch-1 ``DynamicCache`` from a validated chain of blocks (see :func:`validate_chain`)."""
+    if not blocks:
+        raise ValueError("no blocks to rebuild a cache from")
+    validate_chain(blocks, identity)
+    full = torch.cat([b.tensor for b in blocks], dim=3).to(device)
+    cache = DynamicCache(config=config)
+    for layer in range(full.shape[0]):
+        cache.update(full[layer, 0].unsqueeze(0).contiguous(), full[layer, 1].unsqueeze(0).contiguous(), layer)
+    return cache

@@ -1,0 +1,1 @@
+"""Scheduling decisions for GraphFlow (cost model, policy, eviction): pure, no I/O."""

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from graphflow.kv import ROOT_KEY, ChecksumMismatch, block_key, chain_keys, make_block
+
+from .helpers import IDENTITY, kv
+
+
+def test_chain_keys_follow_the_hash_chain():
+    ids = list(range(40))
+    keys = chain_keys(ids, "m@h", 16)
+    assert len(keys) == 3
+    assert keys[0] == block_key(ROOT_KEY, ids[:16], "m@h")
+    assert keys[1] == block_key(keys[0], ids[16:32], "m@h")
+    assert keys[2] == block_key(keys[1], ids[32:], "m@h")
+
+
+def test_keys_depend_on_prefix_model_and_tokens():
+    base = block_key(ROOT_KEY, [1, 2, 3], "m@h")
+    assert block_key(ROOT_KEY, [1, 2, 4], "m@h") != base
+    assert block_key(ROOT_KEY, [1, 2, 3], "m@other") != base
+    assert block_key(base, [1, 2, 3], "m@h") != base
+
+
+def test_block_keys_identical_across_processes():
+    code = "from graphflow.kv import chain_keys; print(chain_keys(list(range(100)), 'tiny@abc', 16))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(chain_keys(list(range(100)), "tiny@abc", 16))
+
+
+def test_make_block_owns_exact_bytes_and_verifies():
+    big = kv(32)
+    block = make_block(ROOT_KEY, list(range(16)), 0, big[:, :, :, :16], IDENTITY.model_key)
+    assert block.tensor.is_contiguous()
+    assert block.tensor.untyped_storage().nbytes() == block.nbytes == 2 * 2 * 2 * 16 * 4 * 4
+    assert torch.equal(block.tensor, big[:, :, :, :16])
+    block.verify()
+    block.tensor.view(-1)[7] += 1.0
+    with pytest.raises(ChecksumMismatch):
+        block.verify()
+
+
+def test_make_block_rejects_wrong_shapes():
+    with pytest.raises(ValueError, match="token ids"):
+        make_block(ROOT_KEY, [1, 2], 0, kv(3), "m")
+    with pytest.raises(ValueError, match="layers, 2"):
+        make_block(ROOT_KEY, [1, 2], 0, torch.zeros(2, 3, 2, 2, 4), "m")

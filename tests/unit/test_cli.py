@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from graphflow.cli import app
+
+runner = CliRunner()
+
+
+def test_unknown_model_is_one_clear_line():
+    result = runner.invoke(app, ["check", "exact", "--model", "nope", "--json"])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert "unknown model 'nope'" in lines[0] and "tiny-llama" in lines[0]
+
+
+def test_models_list_json_is_last_line():
+    result = runner.invoke(app, ["models", "list", "--json"])
+    assert result.exit_code == 0
+    names = [m["name"] for m in json.loads(result.output.strip().splitlines()[-1])["models"]]
+    assert "smollm2-135m" in names
+
+
+def test_bench_prefill_json():
+    result = runner.invoke(
+        app, ["bench", "prefill", "--model", "tiny-llama", "--tokens", "32,64", "--repeats", "2", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output.strip().splitlines()[-1])["rows"]
+    assert [r["tokens"] for r in rows] == [32, 64]
+    assert all(r["kv_bytes_per_token"] == 512 and r["prefill_s_median"] > 0 for r in rows)
+
+
+def test_bad_token_list():
+    result = runner.invoke(app, ["bench", "prefill", "--tokens", "1k", "--json"])
+    assert result.exit_code == 2
+    assert "comma-separated integers" in result.output

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from transport.errors import ChecksumMismatch, WireFormatError
+from transport.wire import BlockHeader, checksum, decode_header, encode_header, read_frame, write_frame
+
+
+def _header(t: torch.Tensor, **kw: object) -> BlockHeader:
+    fields = dict(
+        key=7,
+        parent_key=0,
+        position_offset=0,
+        token_ids=(1, 2),
+        dtype="float32",
+        shape=tuple(t.shape),
+        nbytes=t.numel() * 4,
+        checksum=checksum(t),
+    )
+    fields.update(kw)
+    return BlockHeader(**fields)  # type: ignore[arg-type]
+
+
+def test_header_round_trip():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    h = _header(t)
+    assert decode_header(encode_header([h, h])) == [h, h]
+
+
+def test_absurd_size_rejected_before_allocating():
+    h = _header(torch.zeros(1), shape=(1 << 38,), nbytes=(1 << 38) * 4)  # 1 TiB
+    with pytest.raises(WireFormatError, match="refusing to allocate"):
+        decode_header(encode_header([h]))
+
+
+def test_inconsistent_nbytes_rejected():
+    h = _header(torch.zeros(4), nbytes=3)
+    with pytest.raises(WireFormatError, match="does not match shape"):
+        decode_header(encode_header([h]))
+
+
+def test_garbage_header_rejected():
+    with pytest.raises(WireFormatError, match="Arrow"):
+        decode_header(b"not arrow at all")
+
+
+def test_frame_round_trip_and_bitflip():
+    t = torch.randn(2, 2, 2, 16, 4)
+    buf = io.BytesIO()
+    write_frame(buf, [_header(t)], [t])
+    headers, tensors = read_frame(io.BytesIO(buf.getvalue()))
+    assert torch.equal(tensors[0], t)
+    data = bytearray(buf.getvalue())
+    data[-1] ^= 0x80
+    with pytest.raises(ChecksumMismatch):
+        read_frame(io.BytesIO(bytes(data)))
+    with pytest.raises(WireFormatError, match="truncated"):
+        read_frame(io.BytesIO(buf.getvalue()[:-10]))

@@ -1,0 +1,240 @@
+"""Wire format of a KV block transfer: one Arrow IPC header, then raw block buffers.
+
+```
++-------+---------+------------+----------------------+-----------+-----------+-----+
+| magic | version | header_len | Arrow IPC stream     | buffer 0  | buffer 1  | ... |
+| GFKV  | u16 LE  | u64 LE     | one row per block    | nbytes[0] | nbytes[1] |     |
++-------+---------+------------+----------------------+-----------+-----------+-----+
+```
+
+No pickle anywhere: the header is Arrow with a fixed schema, buffers are the raw bytes of
+contiguous tensors. A receiver decodes and validates the header (schema, counts, sizes,
+limits) *before* allocating anything, then reads each buffer straight into a
+pre-allocated torch tensor and verifies its xxh64 checksum.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import torch
+import xxhash
+
+from transport.errors import ChecksumMismatch, WireFormatError
+
+__all__ = [
+    "HEADER_SCHEMA",
+    "WIRE_VERSION",
+    "BlockHeader",
+    "WireLimits",
+    "allocate",
+    "checksum",
+    "decode_header",
+    "dtype_from_name",
+    "encode_header",
+    "read_frame",
+    "tensor_bytes",
+    "verify",
+    "write_frame",
+]
+
+MAGIC = b"GFKV"
+WIRE_VERSION = 1
+_PREAMBLE = struct.Struct("<4sHQ")
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+
+HEADER_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.uint64(), nullable=False),
+        pa.field("parent_key", pa.uint64(), nullable=False),
+        pa.field("position_offset", pa.int64(), nullable=False),
+        pa.field("token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("dtype", pa.string(), nullable=False),
+        pa.field("shape", pa.list_(pa.int64()), nullable=False),
+        pa.field("nbytes", pa.int64(), nullable=False),
+        pa.field("checksum", pa.uint64(), nullable=False),
+    ],
+    metadata={"graphflow.wire_version": str(WIRE_VERSION)},
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockHeader:
+    """Metadata of one block buffer on the wire (one row of the Arrow header)."""
+
+    key: int
+    parent_key: int
+    position_offset: int
+    token_ids: tuple[int, ...]
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    checksum: int
+
+
+@dataclass(frozen=True, slots=True)
+class WireLimits:
+    """What a receiver accepts before it allocates anything."""
+
+    max_blocks: int = 1 << 20
+    max_total_bytes: int = 64 << 30
+    max_header_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        if min(self.max_blocks, self.max_total_bytes, self.max_header_bytes) <= 0:
+            raise ValueError(f"wire limits must be positive, got {self}")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """Map a dtype name on the wire to a torch dtype; unknown names are a wire error."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise WireFormatError(f"unsupported dtype {name!r} on the wire; known: {sorted(_DTYPES)}") from None
+
+
+def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """A zero-copy uint8 numpy view of a contiguous CPU tensor's bytes."""
+    if not tensor.is_contiguous():
+        raise ValueError("block tensors must be contiguous to go on the wire")
+    return tensor.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+def checksum(tensor: torch.Tensor) -> int:
+    """xxh64 of the tensor's raw bytes (CPU tensors; CUDA tensors are copied to host)."""
+    host = tensor if tensor.device.type == "cpu" else tensor.cpu()
+    return xxhash.xxh64_intdigest(tensor_bytes(host.contiguous()).data)
+
+
+def verify(header: BlockHeader, tensor: torch.Tensor) -> None:
+    """Raise :class:`ChecksumMismatch` unless ``tensor`` holds exactly the announced bytes."""
+    got = checksum(tensor)
+    if got != header.checksum:
+        raise ChecksumMismatch(
+            f"block {header.key:016x}: checksum {got:016x} != announced {header.checksum:016x}; "
+            "the block is discarded, re-send or recompute it"
+        )
+
+
+def encode_header(headers: Sequence[BlockHeader]) -> bytes:
+    """Serialize block headers to one Arrow IPC stream."""
+    table = pa.table(
+        {
+            "key": pa.array([h.key for h in headers], pa.uint64()),
+            "parent_key": pa.array([h.parent_key for h in headers], pa.uint64()),
+            "position_offset": pa.array([h.position_offset for h in headers], pa.int64()),
+            "token_ids": pa.array([list(h.token_ids) for h in headers], pa.list_(pa.int32())),
+            "dtype": pa.array([h.dtype for h in headers], pa.string()),
+            "shape": pa.array([list(h.shape) for h in headers], pa.list_(pa.int64())),
+            "nbytes": pa.array([h.nbytes for h in headers], pa.int64()),
+            "checksum": pa.array([h.checksum for h in headers], pa.uint64()),
+        },
+        schema=HEADER_SCHEMA,
+    )
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, HEADER_SCHEMA) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def decode_header(data: bytes | memoryview, limits: WireLimits | None = None) -> list[BlockHeader]:
+    """Parse and validate a header; raises :class:`WireFormatError` on anything off.
+
+    Checks the schema, the block count, every ``nbytes`` against ``shape`` × dtype size and
+    the total against ``limits`` — before the caller allocates a single buffer.
+    """
+    limits = limits or WireLimits()
+    if len(data) > limits.max_header_bytes:
+        raise WireFormatError(f"header of {len(data)} bytes exceeds the limit {limits.max_header_bytes}")
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise WireFormatError(f"header is not a valid Arrow IPC stream: {exc}") from None
+    if not table.schema.equals(HEADER_SCHEMA, check_metadata=False):
+        raise WireFormatError(f"header schema does not match wire version {WIRE_VERSION}: {table.schema}")
+    if table.num_rows > limits.max_blocks:
+        raise WireFormatError(f"header announces {table.num_rows} blocks, limit is {limits.max_blocks}")
+    cols = table.to_pydict()
+    headers = [
+        BlockHeader(
+            key=cols["key"][i],
+            parent_key=cols["parent_key"][i],
+            position_offset=cols["position_offset"][i],
+            token_ids=tuple(cols["token_ids"][i]),
+            dtype=cols["dtype"][i],
+            shape=tuple(cols["shape"][i]),
+            nbytes=cols["nbytes"][i],
+            checksum=cols["checksum"][i],
+        )
+        for i in range(table.num_rows)
+    ]
+    total = 0
+    for h in headers:
+        itemsize = torch.empty(0, dtype=dtype_from_name(h.dtype)).element_size()
+        if any(d < 0 for d in h.shape) or h.nbytes != int(np.prod(h.shape, dtype=np.int64)) * itemsize:
+            raise WireFormatError(f"block {h.key:016x}: nbytes {h.nbytes} does not match shape {h.shape} × {h.dtype}")
+        total += h.nbytes
+    if total > limits.max_total_bytes:
+        raise WireFormatError(
+            f"header announces {total} bytes, limit is {limits.max_total_bytes}; refusing to allocate"
+        )
+    return headers
+
+
+def allocate(headers: Sequence[BlockHeader], device: str = "cpu") -> list[torch.Tensor]:
+    """Pre-allocate one receive tensor per (validated) header."""
+    return [torch.empty(h.shape, dtype=dtype_from_name(h.dtype), device=device) for h in headers]
+
+
+def write_frame(out: BinaryIO, headers: Sequence[BlockHeader], tensors: Sequence[torch.Tensor]) -> int:
+    """Write a whole frame (preamble, header, buffers) to a binary file; returns bytes written."""
+    if len(headers) != len(tensors):
+        raise ValueError(f"{len(headers)} headers but {len(tensors)} tensors")
+    header = encode_header(headers)
+    out.write(_PREAMBLE.pack(MAGIC, WIRE_VERSION, len(header)))
+    out.write(header)
+    written = _PREAMBLE.size + len(header)
+    for h, t in zip(headers, tensors, strict=True):
+        view = tensor_bytes(t)
+        if view.nbytes != h.nbytes:
+            raise ValueError(f"block {h.key:016x}: tensor has {view.nbytes} bytes, header says {h.nbytes}")
+        out.write(view.data)
+        written += view.nbytes
+    return written
+
+
+def read_frame(src: BinaryIO, limits: WireLimits | None = None) -> tuple[list[BlockHeader], list[torch.Tensor]]:
+    """Read a frame written by :func:`write_frame`; every buffer is checksum-verified."""
+    preamble = src.read(_PREAMBLE.size)
+    if len(preamble) != _PREAMBLE.size:
+        raise WireFormatError("truncated frame: no preamble")
+    magic, version, header_len = _PREAMBLE.unpack(preamble)
+    if magic != MAGIC or version != WIRE_VERSION:
+        raise WireFormatError(f"not a GraphFlow KV frame (magic {magic!r}, version {version})")
+    limits = limits or WireLimits()
+    if header_len > limits.max_header_bytes:
+        raise WireFormatError(f"header of {header_len} bytes exceeds the limit {limits.max_header_bytes}")
+    headers = decode_header(src.read(header_len), limits)
+    tensors = allocate(headers)
+    for h, t in zip(headers, tensors, strict=True):
+        view = tensor_bytes(t)
+        if src.readinto(view.data) != h.nbytes:  # type: ignore[attr-defined]
+            raise WireFormatError(f"truncated frame: block {h.key:016x} is short")
+        verify(h, t)
+    return headers, tensors
