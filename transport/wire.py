@@ -10,7 +10,7 @@
 No pickle anywhere: the header is Arrow with a fixed schema, buffers are the raw bytes of
 contiguous tensors. A receiver decodes and validates the header (schema, counts, sizes,
 limits) *before* allocating anything, then reads each buffer straight into a
-pre-allocated torch tensor and verifies its xxh64 checksum.
+pre-allocated torch tensor and verifies its xxh3-64 checksum.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ _DTYPES: dict[str, torch.dtype] = {
     "int32": torch.int32,
     "int64": torch.int64,
 }
+
+_ITEMSIZE = {name: dtype.itemsize for name, dtype in _DTYPES.items()}
 
 HEADER_SCHEMA = pa.schema(
     [
@@ -117,9 +119,9 @@ def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
 
 
 def checksum(tensor: torch.Tensor) -> int:
-    """xxh64 of the tensor's raw bytes (CPU tensors; CUDA tensors are copied to host)."""
+    """xxh3-64 of the tensor's raw bytes (CPU tensors; CUDA tensors are copied to host)."""
     host = tensor if tensor.device.type == "cpu" else tensor.cpu()
-    return xxhash.xxh64_intdigest(tensor_bytes(host.contiguous()).data)
+    return xxhash.xxh3_64_intdigest(tensor_bytes(host.contiguous()).data)
 
 
 def verify(header: BlockHeader, tensor: torch.Tensor) -> None:
@@ -170,23 +172,10 @@ def decode_header(data: bytes | memoryview, limits: WireLimits | None = None) ->
         raise WireFormatError(f"header schema does not match wire version {WIRE_VERSION}: {table.schema}")
     if table.num_rows > limits.max_blocks:
         raise WireFormatError(f"header announces {table.num_rows} blocks, limit is {limits.max_blocks}")
-    cols = table.to_pydict()
-    headers = [
-        BlockHeader(
-            key=cols["key"][i],
-            parent_key=cols["parent_key"][i],
-            position_offset=cols["position_offset"][i],
-            token_ids=tuple(cols["token_ids"][i]),
-            dtype=cols["dtype"][i],
-            shape=tuple(cols["shape"][i]),
-            nbytes=cols["nbytes"][i],
-            checksum=cols["checksum"][i],
-        )
-        for i in range(table.num_rows)
-    ]
+    headers = _rows(table)
     total = 0
     for h in headers:
-        itemsize = torch.empty(0, dtype=dtype_from_name(h.dtype)).element_size()
+        itemsize = _ITEMSIZE.get(h.dtype) or dtype_from_name(h.dtype).itemsize
         if any(d < 0 for d in h.shape) or h.nbytes != int(np.prod(h.shape, dtype=np.int64)) * itemsize:
             raise WireFormatError(f"block {h.key:016x}: nbytes {h.nbytes} does not match shape {h.shape} × {h.dtype}")
         total += h.nbytes
@@ -195,6 +184,38 @@ def decode_header(data: bytes | memoryview, limits: WireLimits | None = None) ->
             f"header announces {total} bytes, limit is {limits.max_total_bytes}; refusing to allocate"
         )
     return headers
+
+
+def _rows(table: pa.Table) -> list[BlockHeader]:
+    """Header rows as dataclasses, reading columns as numpy (to_pydict is ~10x slower)."""
+    table = table.combine_chunks()
+
+    def ints(name: str) -> list[int]:
+        return table.column(name).chunk(0).to_numpy().tolist() if table.num_rows else []
+
+    def lists(name: str) -> list[tuple[int, ...]]:
+        if not table.num_rows:
+            return []
+        arr = table.column(name).chunk(0)
+        offsets = arr.offsets.to_numpy()
+        values = arr.values.to_numpy().tolist()
+        return [tuple(values[offsets[i] : offsets[i + 1]]) for i in range(len(arr))]
+
+    dtypes = table.column("dtype").to_pylist()
+    return [
+        BlockHeader(*row)
+        for row in zip(
+            ints("key"),
+            ints("parent_key"),
+            ints("position_offset"),
+            lists("token_ids"),
+            dtypes,
+            lists("shape"),
+            ints("nbytes"),
+            ints("checksum"),
+            strict=True,
+        )
+    ]
 
 
 def allocate(headers: Sequence[BlockHeader], device: str = "cpu") -> list[torch.Tensor]:

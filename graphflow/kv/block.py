@@ -70,7 +70,7 @@ class KVBlock:
         token_ids: the tokens this block holds KV for.
         position_offset: absolute position of the first token.
         tensor: ``[layers, 2, kv_heads, num_tokens, head_dim]``, contiguous.
-        checksum: xxh64 of the tensor's bytes, taken when the block was made.
+        checksum: xxh3-64 of the tensor's bytes, taken when the block was made.
     """
 
     key: int

@@ -42,8 +42,8 @@ class LoadedModel:
 
 
 def weights_digest(model: torch.nn.Module) -> str:
-    """xxh64 over every parameter and buffer's bytes, in state-dict order."""
-    h = xxhash.xxh64()
+    """xxh3-64 over every parameter and buffer's bytes, in state-dict order."""
+    h = xxhash.xxh3_64()
     for name, tensor in model.state_dict().items():
         h.update(name.encode())
         t = tensor.detach().contiguous().cpu()

@@ -1,0 +1,113 @@
+"""UCX transport over UCXX (``import ucxx``; the maintained successor of ucx-py).
+
+Peers are named by their UCX *worker address* (hex), exchanged out of band (the KV manager
+carries it; tests pass it directly). Connecting by worker address with endpoint error
+handling off lets UCX pick shared memory (``cma``) for same-host peers and tcp / InfiniBand
+``rc`` across hosts; with error handling on, UCX restricts itself to transports that report
+peer failure and falls back to tcp even on one host (≈10× slower here). So error handling is
+off by default and a dead peer is detected by the transfer deadline instead
+(:class:`TransferTimeout`), which the base class enforces on every send and receive.
+
+The receiver needs no endpoint: it receives on its worker by tag. A tag is
+``xxh64(sender address, transfer_id)`` with the low 20 bits replaced by the message's
+sequence number, so concurrent transfers from different senders never match each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Any
+
+import xxhash
+
+from transport.base import MessageTransport, TransferSpec, TransportConfig
+from transport.errors import PeerUnreachable, TransportError
+
+__all__ = ["UcxTransport"]
+
+_SEQ_BITS = 20
+
+
+class UcxTransport(MessageTransport):
+    """Args: ``error_handling``: UCX endpoint error handling (see module doc; default off)."""
+
+    name = "ucx"
+
+    def __init__(self, config: TransportConfig | None = None, error_handling: bool = False) -> None:
+        super().__init__(config)
+        os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+        import ucxx
+
+        self._ucxx = ucxx
+        self.error_handling = error_handling
+        self._endpoints: dict[str, Any] = {}
+        # NOTE: buffers of messages abandoned on timeout stay referenced until close(), so a
+        # late arrival can never write into freed memory.
+        self._orphans: list[Any] = []
+        self._address: str = self.run(self._init())
+
+    async def _init(self) -> str:
+        self._ucxx.init()
+        self._ucxx.core._get_ctx().continuous_ucx_progress()
+        return bytes(self._ucxx.get_worker_address()).hex()
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def _tag(self, sender: str, spec: TransferSpec, seq: int) -> Any:
+        if seq >= 1 << _SEQ_BITS:
+            raise ValueError(f"ucx: at most {(1 << _SEQ_BITS) - 2} blocks per transfer")
+        base = xxhash.xxh64_intdigest(f"{sender}:{spec.transfer_id}".encode())
+        return self._ucxx.types.Tag((base & ~((1 << _SEQ_BITS) - 1)) | seq)
+
+    async def _endpoint(self, peer: str) -> Any:
+        ep = self._endpoints.get(peer)
+        if ep is not None:
+            return ep
+        try:
+            address = self._ucxx.get_ucx_address_from_buffer(bytes.fromhex(peer))
+            ep = await self._ucxx.create_endpoint_from_worker_address(
+                address, endpoint_error_handling=self.error_handling
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure here means the peer can't be reached
+            raise PeerUnreachable(f"ucx: cannot connect to worker address {peer[:32]}…: {exc}") from None
+        self._endpoints[peer] = ep
+        return ep
+
+    async def _guard(self, aw: Any, bufs: list[memoryview], peer: str) -> None:
+        try:
+            await aw
+        except asyncio.CancelledError:
+            self._orphans.append(bufs)
+            raise
+        except self._ucxx.exceptions.UCXError as exc:
+            self._orphans.append(bufs)
+            raise TransportError(f"ucx: transfer with {peer[:32]}… failed: {exc}") from None
+
+    async def _send_msg(self, spec: TransferSpec, seq: int, buf: memoryview) -> None:
+        ep = await self._endpoint(spec.peer)
+        await self._guard(ep.send(buf, tag=self._tag(self._address, spec, seq), force_tag=True), [buf], spec.peer)
+
+    async def _recv_msg(self, spec: TransferSpec, seq: int, buf: memoryview) -> None:
+        await self._guard(self._ucxx.recv(buf, tag=self._tag(spec.peer, spec, seq)), [buf], spec.peer)
+
+    async def _send_blocks(self, spec: TransferSpec, views: list[memoryview]) -> None:
+        ep = await self._endpoint(spec.peer)
+        sends = [ep.send(v, tag=self._tag(self._address, spec, 2 + i), force_tag=True) for i, v in enumerate(views)]
+        await self._guard(asyncio.gather(*sends), views, spec.peer)
+
+    async def _recv_blocks(self, spec: TransferSpec, views: list[memoryview], landed: Callable[[int], None]) -> None:
+        async def one(i: int, view: memoryview) -> None:
+            await self._ucxx.recv(view, tag=self._tag(spec.peer, spec, 2 + i))
+            landed(i)  # NOTE: verifies block i while later blocks are still arriving
+
+        await self._guard(asyncio.gather(*(one(i, v) for i, v in enumerate(views))), views, spec.peer)
+
+    async def _aclose(self) -> None:
+        for ep in self._endpoints.values():
+            ep.abort()
+        self._endpoints.clear()
+        self._orphans.clear()
