@@ -136,6 +136,63 @@ def check_exact(
         raise typer.Exit(1)
 
 
+@check_app.command("transfer")
+@_user_errors
+def check_transfer(
+    backend: str = typer.Option("ucx", help="Transport backend: ucx, mpi, ray or local."),
+    model: str = typer.Option("tiny-llama", help="Registry name or local checkpoint folder."),
+    tokens: int = typer.Option(200, help="Prompt tokens whose KV state is moved."),
+    timeout: float = typer.Option(60.0, help="Transfer deadline in seconds."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Move a real KV state between two processes and resume decoding on the receiver."""
+    from graphflow.checks.transfer import TransferCheck, run_transfer_check
+    from graphflow.models.registry import resolve
+
+    resolve(model)
+    _say(json_out)(f"moving a {tokens}-token KV state of {model} over {backend}")
+    result = run_transfer_check(backend, TransferCheck(model=model, tokens=tokens), timeout)
+    if json_out:
+        _emit(result)
+        return
+    table = Table("", "value", title=f"KV transfer over {backend}: {model}, {tokens} tokens")
+    table.add_row("processes", str(result["processes"]))
+    table.add_row("blocks / bytes", f"{result['blocks']} / {result['nbytes']:,}")
+    table.add_row("receive seconds", f"{result['seconds']:.4f}")
+    table.add_row("tokens equal after resume", "[green]yes[/]" if result["tokens_equal"] else "[red]NO[/]")
+    table.add_row("max |Δ logit| vs sender", f"{result['max_abs_logit_diff']:.3g}")
+    out.print(table)
+    if not result["tokens_equal"]:
+        raise typer.Exit(1)
+
+
+@bench_app.command("transport")
+@_user_errors
+def bench_transport_cmd(
+    backends: str = typer.Option("ucx,mpi,ray,local", help="Comma-separated backends."),
+    sizes: str = typer.Option("1MiB,16MiB,64MiB,256MiB", help="Comma-separated transfer sizes."),
+    block_bytes: str = typer.Option("1MiB", help="Bytes per KV block in our transfers."),
+    iters: int = typer.Option(5, help="Back-to-back transfers per measurement."),
+    repeats: int = typer.Option(3, help="Measurements per point (median reported)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Our transfers vs each backend's raw reference, between two processes, same run."""
+    from graphflow.bench.transport import bench_transport, parse_size
+    from graphflow.bench.transport_pair import BenchPlan
+
+    names = [b.strip() for b in backends.split(",") if b.strip()]
+    plan = BenchPlan([parse_size(x) for x in sizes.split(",")], parse_size(block_bytes), iters, 2, repeats)
+    rows = bench_transport(names, plan, say=_say(json_out))
+    if json_out:
+        _emit({"rows": rows})
+        return
+    table = Table("backend", "bytes", "blocks", "ours GB/s", "raw GB/s", "ratio", "overhead µs", title="transport")
+    for r in rows:
+        table.add_row(r["backend"], f"{r['nbytes']:,}", str(r["blocks"]), f"{r['ours_gbps']:.2f}",
+                      f"{r['raw_gbps']:.2f}", f"{r['ratio']:.2f}", f"{r['overhead_us']:.0f}")  # fmt: skip
+    out.print(table)
+
+
 @bench_app.command("prefill")
 @_user_errors
 def bench_prefill_cmd(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = ["LoadedModel", "load_model", "model_identity", "weights_digest"]
 
 _ARCH = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_INIT_LOCK = threading.Lock()
 _VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "name_or_path")
 
 
@@ -82,12 +84,15 @@ def _build_random(spec: ModelSpec, dtype: torch.dtype) -> PreTrainedModel:
     kwargs = dict(spec.config)
     rope_theta = kwargs.pop("rope_theta", 10000.0)
     config = config_cls(**kwargs, rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(spec.seed)
-        model = model_cls(config)
-    finally:
-        torch.random.set_rng_state(state)
+    # NOTE: initialisation draws from torch's global RNG; the lock keeps two threads loading
+    # models at once from interleaving draws (which would give each different weights).
+    with _INIT_LOCK:
+        state = torch.random.get_rng_state()
+        try:
+            torch.manual_seed(spec.seed)
+            model = model_cls(config)
+        finally:
+            torch.random.set_rng_state(state)
     return model.to(dtype)
 
 

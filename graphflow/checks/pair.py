@@ -1,0 +1,72 @@
+"""Entry point of one process of a two-process check or benchmark.
+
+``python -m graphflow.checks.pair --job transfer|bench --backend ucx|mpi --role 0|1
+--rendezvous DIR [job options]``. Under ``mpirun`` the role is the rank. Each process writes
+``DIR/result{role}.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from graphflow.checks.rendezvous import exchange_addresses
+from transport.base import TransportConfig
+from transport.registry import create
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--job", choices=["transfer", "bench"], required=True)
+    p.add_argument("--backend", choices=["ucx", "mpi"], required=True)
+    p.add_argument("--role", type=int, default=-1)
+    p.add_argument("--rendezvous", required=True)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--model", default="tiny-llama")
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--sizes", default="1048576")
+    p.add_argument("--block-bytes", type=int, default=1 << 20)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    folder = Path(args.rendezvous)
+    transport = create(args.backend, TransportConfig(timeout_s=args.timeout))
+    if args.backend == "mpi":
+        args.role = int(transport.address)
+        peer = str(1 - args.role)
+    else:
+        peer = exchange_addresses(folder, args.role, transport.address)
+    result: Any
+    try:
+        if args.job == "transfer":
+            from graphflow.checks.transfer import TransferCheck, receive_side, send_side
+
+            check = TransferCheck(model=args.model, tokens=args.tokens)
+            side = send_side if args.role == 0 else receive_side
+            result = side(check, transport, peer, folder)
+        else:
+            from graphflow.bench.transport_pair import BenchPlan, run_pair
+
+            plan = BenchPlan(
+                [int(s) for s in args.sizes.split(",")], args.block_bytes, args.iters, args.warmup, args.repeats
+            )
+            result = run_pair(transport, args.role, peer, plan)
+    finally:
+        transport.close()
+    tmp = folder / f".result{args.role}.json"
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, folder / f"result{args.role}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Runtime: replica workers, thin Ray actor shells, executor, cluster start/connect."""

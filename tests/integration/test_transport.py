@@ -1,0 +1,74 @@
+"""Two-process KV transfers on every backend, and failure behaviour (transport issue)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from graphflow.checks.launch import mpirun_command
+from graphflow.checks.transfer import TransferCheck, run_transfer_check
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _assert_resumed(result: dict) -> None:
+    assert result["tokens_equal"] is True
+    assert result["max_abs_logit_diff"] == 0.0
+    assert result["same_config"] is True
+    assert result["blocks"] == 13 and result["nbytes"] == 200 * 512
+
+
+@pytest.mark.ucx
+def test_ucx_kv_state_between_processes():
+    result = run_transfer_check("ucx", TransferCheck(tokens=200), timeout_s=30)
+    assert result["processes"] == 2
+    _assert_resumed(result)
+
+
+@pytest.mark.mpi
+def test_mpi_kv_state_between_processes():
+    result = run_transfer_check("mpi", TransferCheck(tokens=200), timeout_s=30)
+    _assert_resumed(result)
+
+
+def test_local_kv_state_between_threads():
+    _assert_resumed(run_transfer_check("local", TransferCheck(tokens=200), timeout_s=30))
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "UCX_WARN_UNUSED_ENV_VARS": "n"}
+
+
+@pytest.mark.ucx
+def test_ucx_sender_killed_mid_transfer_times_out(tmp_path):
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.helpers.receiver", "ucx", str(tmp_path), "3"], env=_env(), cwd=ROOT
+    )
+    sender = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.helpers.dying_sender", "ucx", str(tmp_path)], env=_env(), cwd=ROOT
+    )
+    assert sender.wait(timeout=60) == 3
+    start = time.monotonic()
+    assert receiver.wait(timeout=60) == 0
+    outcome = json.loads((tmp_path / "outcome.json").read_text())
+    assert outcome["outcome"] == "TransferTimeout"
+    assert outcome["seconds"] < 3 + 2
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.mpi
+def test_mpi_rank_killed_mid_transfer_ends_the_world(tmp_path):
+    cmd = mpirun_command(2) + [sys.executable, "-m", "tests.integration.helpers.dying_sender", "mpi", str(tmp_path)]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, timeout=120)
+    # mpirun tears the whole world down when a rank dies: no hang, no process left behind
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 60
+    left = subprocess.run(["pgrep", "-f", f"dying_sender mpi {tmp_path}"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""

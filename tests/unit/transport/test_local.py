@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+
+from transport.base import TransferSpec, TransportConfig
+from transport.errors import ChecksumMismatch, PeerUnreachable, TransferTimeout, WireFormatError
+from transport.local import LocalTransport
+from transport.pool import TensorPool
+from transport.wire import WireLimits, checksum, tensor_bytes
+
+from .test_wire import _header
+
+
+@pytest.fixture
+def pair():
+    config = TransportConfig(timeout_s=2.0)
+    a, b = LocalTransport(config), LocalTransport(config)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _blocks(n: int = 3):
+    tensors = [torch.randn(2, 2, 2, 16, 4, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    headers = [replace(_header(t), key=i + 1) for i, t in enumerate(tensors)]
+    return headers, tensors
+
+
+def _transfer(pair, headers, tensors, recv_spec=None, into=None):
+    a, b = pair
+    send_spec = TransferSpec.for_headers(1, b.address, headers)
+    errors = []
+
+    def send():
+        try:
+            a.send(send_spec, headers, tensors)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        return b.recv(recv_spec or TransferSpec.for_headers(1, a.address, headers), into=into)
+    finally:
+        sender.join()
+
+
+def test_blocks_arrive_bit_identical(pair):
+    headers, tensors = _blocks()
+    got = _transfer(pair, headers, tensors)
+    assert got.headers == headers
+    assert all(torch.equal(x, y) for x, y in zip(got.tensors, tensors, strict=True))
+    assert got.stats.nbytes == sum(h.nbytes for h in headers) and got.stats.blocks == 3
+
+
+def test_receive_into_pooled_tensors(pair):
+    headers, tensors = _blocks()
+    pool = TensorPool()
+    into = pool.take_for(headers)
+    got = _transfer(pair, headers, tensors, into=into)
+    assert all(g is i for g, i in zip(got.tensors, into, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(into, tensors, strict=True))
+    pool.give(into)
+    assert pool.take(headers[0].shape, torch.float32) is into[-1]
+
+
+def test_flipped_byte_is_a_checksum_mismatch(pair):
+    headers, tensors = _blocks()
+    corrupted = [t.clone() for t in tensors]
+    tensor_bytes(corrupted[1])[17] ^= 0x10
+    assert checksum(corrupted[1]) != headers[1].checksum
+    with pytest.raises(ChecksumMismatch):
+        _transfer(pair, headers, corrupted)
+
+
+def test_header_announcing_other_blocks_is_rejected(pair):
+    headers, tensors = _blocks()
+    a, _ = pair
+    expected = TransferSpec(1, a.address, (9, 9, 9), tuple(h.nbytes for h in headers))
+    with pytest.raises(WireFormatError, match="does not announce"):
+        _transfer(pair, headers, tensors, recv_spec=expected)
+
+
+def test_absurd_sizes_rejected_before_allocating(pair):
+    _, b = pair
+    terabyte = TransferSpec(1, "x", (1,), (1 << 40,))
+    with pytest.raises(WireFormatError, match="limits"):
+        b.recv(terabyte)
+    small = LocalTransport(TransportConfig(timeout_s=1, limits=WireLimits(max_total_bytes=1000)))
+    try:
+        with pytest.raises(WireFormatError):
+            small.recv(TransferSpec(1, "x", (1,), (4096,)))
+    finally:
+        small.close()
+
+
+def test_missing_sender_times_out(pair):
+    a, b = pair
+    with pytest.raises(TransferTimeout, match="within 2 s"):
+        b.recv(TransferSpec(5, a.address, (1,), (64,)))
+
+
+def test_unknown_peer(pair):
+    a, _ = pair
+    headers, tensors = _blocks(1)
+    with pytest.raises(PeerUnreachable):
+        a.send(TransferSpec.for_headers(1, "nobody", headers), headers, tensors)
+
+
+def test_spec_must_match_headers(pair):
+    a, b = pair
+    headers, tensors = _blocks(2)
+    with pytest.raises(ValueError, match="do not match"):
+        a.send(TransferSpec(1, b.address, (1,), (4,)), headers, tensors)
