@@ -193,6 +193,26 @@ def bench_transport_cmd(
     out.print(table)
 
 
+@bench_app.command("catalog")
+@_user_errors
+def bench_catalog_cmd(
+    blocks: int = typer.Option(1_000_000, help="Blocks to register."),
+    blocks_per_state: int = typer.Option(1024, help="Blocks per admit event (one state each)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Register, look up, snapshot and restore a catalog of BLOCKS blocks."""
+    from graphflow.bench.catalog import bench_catalog
+
+    result = bench_catalog(blocks, blocks_per_state, say=_say(json_out))
+    if json_out:
+        _emit(result.to_dict())
+        return
+    table = Table("metric", "value", title=f"catalog: {blocks:,} blocks")
+    for k, v in result.to_dict().items():
+        table.add_row(k, f"{v:,.2f}" if isinstance(v, float) else f"{v:,}")
+    out.print(table)
+
+
 @bench_app.command("prefill")
 @_user_errors
 def bench_prefill_cmd(

@@ -1,0 +1,486 @@
+"""KV-state manager: the cluster's view of every KV block copy and state, with lineage.
+
+A plain class (``graphflow.runtime.actors`` wraps it in a named Ray actor). Replicas send it
+batched events; a workflow node needs at most two round trips:
+
+1. ``begin_node(tokens)`` — longest matching prefix on every replica, leasing the best
+   match so it is not evicted while the node runs;
+2. ``apply(events)`` — the node's admits (new blocks + state with lineage) and evictions.
+
+Times are passed in (``now_s``), never read from a clock here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from graphflow.kv.block import ROOT_KEY, KVBlock, chain_keys
+from graphflow.kv.catalog import BlockBatch, Catalog
+from graphflow.kv.state import KVState
+from graphflow.kv.state_table import read_states, write_states
+from scheduler.eviction import EvictionWeights, eviction_order, eviction_scores
+
+__all__ = [
+    "AdmitEvent",
+    "EvictEvent",
+    "EvictionPlan",
+    "KVStateManager",
+    "NodeLookup",
+    "PrefixMatch",
+    "RecoveryPlan",
+    "RecoveryStep",
+    "ReplicaInfo",
+    "StateRecord",
+    "batch_from_blocks",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    name: str
+    node: str = "localhost"
+    device: str = "cpu"
+    budget_bytes: int = 1 << 30
+    address: str = ""  # transport address peers use to reach it
+
+
+@dataclass(frozen=True, slots=True)
+class StateRecord:
+    """A registered state: the KVState plus the tokens it covers (enough to recompute it).
+
+    Tokens are kept as little-endian int32 bytes (4 bytes a token, not a Python int's ~32).
+    """
+
+    state: KVState
+    token_bytes: bytes
+
+    @classmethod
+    def of(cls, state: KVState, token_ids: Sequence[int]) -> StateRecord:
+        return cls(state, np.asarray(token_ids, dtype="<i4").tobytes())
+
+    @property
+    def token_ids(self) -> list[int]:
+        return np.frombuffer(self.token_bytes, dtype="<i4").tolist()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_bytes) // 4
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AdmitEvent:
+    """A replica stored ``blocks`` and registered ``state`` (whose block keys they cover)."""
+
+    replica: str
+    record: StateRecord
+    blocks: BlockBatch
+
+
+@dataclass(frozen=True, slots=True)
+class EvictEvent:
+    replica: str
+    keys: tuple[int, ...]
+    state_id: str = ""  # when a whole state was released
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    replica: str
+    num_blocks: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLookup:
+    keys: tuple[int, ...]
+    matches: tuple[PrefixMatch, ...]  # best first
+    leased_replica: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionPlan:
+    replica: str
+    keys: tuple[int, ...]
+    freed_bytes: int
+    used_bytes: int
+    budget_bytes: int
+    shortfall_bytes: int  # > 0 when pinned/leased blocks keep the replica over budget
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryStep:
+    action: str  # "reuse" | "transfer" | "recompute"
+    replica: str
+    source: str
+    blocks: tuple[int, int]  # block index range [lo, hi)
+    tokens: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryPlan:
+    state_id: str
+    replica: str
+    steps: tuple[RecoveryStep, ...]
+    lineage: tuple[str, ...] = field(default=())
+
+    @property
+    def recompute_tokens(self) -> int:
+        return sum(s.tokens[1] - s.tokens[0] for s in self.steps if s.action == "recompute")
+
+
+class KVStateManager:
+    """Catalog + states + replicas; see the module docstring for the call pattern."""
+
+    def __init__(self, block_tokens: int = 16, epoch_s: float = 0.0, weights: EvictionWeights | None = None) -> None:
+        if block_tokens <= 0:
+            raise ValueError(f"block_tokens must be positive, got {block_tokens}")
+        self.block_tokens = block_tokens
+        self.catalog = Catalog(epoch_s)
+        self.weights = weights or EvictionWeights()
+        self._replicas: dict[str, ReplicaInfo] = {}
+        self._states: dict[str, StateRecord] = {}
+        self._children: dict[str, set[str]] = {}
+
+    # ---- replicas ------------------------------------------------------------------------
+    def add_replica(self, info: ReplicaInfo) -> None:
+        if info.budget_bytes <= 0:
+            raise ValueError(f"replica {info.name!r} needs a positive byte budget, got {info.budget_bytes}")
+        self._replicas[info.name] = info
+        self.catalog.replica_code(info.name)
+
+    def replica(self, name: str) -> ReplicaInfo:
+        try:
+            return self._replicas[name]
+        except KeyError:
+            raise ValueError(f"unknown replica {name!r}; known: {sorted(self._replicas)}") from None
+
+    @property
+    def replicas(self) -> list[ReplicaInfo]:
+        return list(self._replicas.values())
+
+    # ---- events --------------------------------------------------------------------------
+    def apply(self, events: Sequence[AdmitEvent | EvictEvent], now_s: float) -> None:
+        """Apply a batch of replica events in order. Each admit is validated before anything
+        changes; a bad admit raises ``ValueError`` and leaves the manager as it was before it."""
+        for ev in events:
+            if isinstance(ev, AdmitEvent):
+                self._admit(ev, now_s)
+            else:
+                self._evict(ev)
+
+    def _admit(self, ev: AdmitEvent, now_s: float) -> None:
+        self.replica(ev.replica)
+        batch, state = ev.blocks, ev.record.state
+        if batch.replica != ev.replica:
+            raise ValueError(f"admit from {ev.replica!r} carries blocks of {batch.replica!r}")
+        if state.state_id in self._states:
+            raise ValueError(f"state {state.state_id!r} is already registered; use a new id")
+        unknown = [p for p in state.lineage.parents if p not in self._states]
+        if unknown:
+            raise ValueError(f"state {state.state_id!r} names unknown parent states {unknown}")
+        self._validate_blocks(batch)
+        outside = np.setdiff1d(np.asarray(state.block_keys, dtype=np.uint64), batch.key.astype(np.uint64))
+        missing = outside[self.catalog.rows_of_many(outside) < 0]
+        if len(missing):
+            raise ValueError(f"state {state.state_id!r} references {len(missing)} blocks that were never admitted")
+        new = self._not_on_replica(batch)
+        self.catalog.append(_take(batch, new), now_s)
+        self._states[state.state_id] = ev.record
+        for p in state.lineage.parents:
+            self._children.setdefault(p, set()).add(state.state_id)
+
+    def _validate_blocks(self, batch: BlockBatch) -> None:
+        keys, parents = batch.key.astype(np.uint64), batch.parent_key.astype(np.uint64)
+        rows = self.catalog.rows_of_many(keys)
+        known = rows >= 0
+        if known.any():
+            stored = self.catalog.col("checksum")[rows[known]]
+            bad = stored != batch.checksum[known]
+            if bad.any():
+                k = int(keys[known][bad][0])
+                raise ValueError(f"block {k:016x} is already registered with other bytes (checksum differs); refused")
+        order = np.argsort(keys, kind="stable")
+        same = keys[order][1:] == keys[order][:-1]
+        if same.any() and (batch.checksum[order][1:][same] != batch.checksum[order][:-1][same]).any():
+            raise ValueError("the batch holds one block key twice with different bytes; refused")
+        need = (parents != ROOT_KEY) & ~np.isin(parents, keys)
+        if need.any():
+            parent_rows = self.catalog.rows_of_many(parents[need])
+            ever = parent_rows >= 0
+            if not ever.all():
+                dead = [p for p in parents[need][~ever].tolist() if not self._ever_known(p)]
+                if dead:
+                    raise ValueError(
+                        f"{len(dead)} blocks have unknown parents (first {dead[0]:016x}); admit parents first"
+                    )
+
+    def _ever_known(self, key: int) -> bool:
+        return bool((self.catalog.col("key") == np.uint64(key)).any())
+
+    def _not_on_replica(self, batch: BlockBatch) -> np.ndarray:
+        """Mask of batch blocks this replica does not already hold (re-admits are no-ops)."""
+        code = self.catalog.replica_code(batch.replica)
+        mask = np.ones(len(batch), dtype=bool)
+        rows = self.catalog.rows_of_many(batch.key)
+        maybe = np.flatnonzero(rows >= 0)
+        reps = self.catalog.col("replica")
+        for i in maybe.tolist():
+            if any(reps[r] == code for r in self.catalog.rows_of(int(batch.key[i]))):
+                mask[i] = False
+        return mask
+
+    def _evict(self, ev: EvictEvent) -> None:
+        code = self.catalog.replica_code(ev.replica, create=False)
+        reps, pins = self.catalog.col("replica"), self.catalog.col("pins")
+        rows = [r for k in ev.keys for r in self.catalog.rows_of(k) if reps[r] == code]
+        if any(pins[r] > 0 for r in rows):
+            raise ValueError(f"replica {ev.replica!r} reports evicting pinned blocks; unpin them first")
+        self.catalog.kill(np.asarray(rows, dtype=np.int64))
+
+    # ---- queries -------------------------------------------------------------------------
+    def locate(self, key: int) -> list[str]:
+        """Replicas holding a live copy of block ``key``."""
+        reps = self.catalog.col("replica")
+        return [self.catalog.replica_name(int(reps[r])) for r in self.catalog.rows_of(key)]
+
+    def longest_prefix(self, keys: Sequence[int]) -> list[PrefixMatch]:
+        """Per replica, how many leading blocks of ``keys`` it holds; longest first."""
+        reps = self.catalog.col("replica")
+        ntok = self.catalog.col("num_tokens")
+        alive_on: set[int] | None = None
+        counts: dict[int, tuple[int, int]] = {}
+        for i, k in enumerate(keys):
+            rows = self.catalog.rows_of(k)
+            here = {int(reps[r]): int(ntok[r]) for r in rows}
+            alive_on = set(here) if alive_on is None else alive_on & set(here)
+            if not alive_on:
+                break
+            for code in alive_on:
+                n_blocks, n_tok = counts.get(code, (0, 0))
+                counts[code] = (i + 1, n_tok + here[code])
+        matches = [PrefixMatch(self.catalog.replica_name(c), b, t) for c, (b, t) in counts.items()]
+        return sorted(matches, key=lambda m: (-m.num_blocks, m.replica))
+
+    def begin_node(
+        self, token_ids: Sequence[int], model_key: str, now_s: float, lease_s: float = 30.0, prefer: str | None = None
+    ) -> NodeLookup:
+        """Round trip 1 of a node: prefix matches everywhere; the best match is leased and hit."""
+        keys = tuple(chain_keys(token_ids, model_key, self.block_tokens))
+        matches = self.longest_prefix(keys)
+        if not matches:
+            return NodeLookup(keys, (), None)
+        best = next((m for m in matches if m.replica == prefer and m.num_blocks == matches[0].num_blocks), matches[0])
+        rows = self._rows_on(keys[: best.num_blocks], best.replica)
+        self.catalog.touch(rows, now_s)
+        self.catalog.set_lease(rows, now_s + lease_s)
+        return NodeLookup(keys, tuple(matches), best.replica)
+
+    def state(self, state_id: str) -> StateRecord:
+        try:
+            return self._states[state_id]
+        except KeyError:
+            raise ValueError(f"unknown state {state_id!r}") from None
+
+    def ancestors(self, state_id: str) -> list[str]:
+        """All states ``state_id`` was derived from, nearest first (breadth-first)."""
+        out: list[str] = []
+        frontier = list(self.state(state_id).state.lineage.parents)
+        while frontier:
+            s = frontier.pop(0)
+            if s not in out:
+                out.append(s)
+                frontier.extend(self._states[s].state.lineage.parents)
+        return out
+
+    def descendants(self, state_id: str) -> list[str]:
+        self.state(state_id)
+        out: list[str] = []
+        frontier = sorted(self._children.get(state_id, ()))
+        while frontier:
+            s = frontier.pop(0)
+            if s not in out:
+                out.append(s)
+                frontier.extend(sorted(self._children.get(s, ())))
+        return out
+
+    def placement(self, state_id: str) -> list[tuple[int, str, str, str]]:
+        """``(block key, node, replica, device)`` for every live copy of the state's blocks."""
+        out = []
+        for key in self.state(state_id).state.block_keys:
+            for replica in self.locate(key):
+                info = self._replicas.get(replica, ReplicaInfo(replica))
+                out.append((key, info.node, replica, info.device))
+        return out
+
+    def used_bytes(self, replica: str) -> int:
+        code = self.catalog.replica_code(replica, create=False)
+        c = self.catalog
+        mask = c.col("alive") & (c.col("replica") == code)
+        return int(c.col("nbytes")[mask].sum())
+
+    # ---- pins and leases -----------------------------------------------------------------
+    def pin(self, keys: Iterable[int], replica: str, delta: int = 1) -> None:
+        """Pin (``delta=1``) or unpin (``-1``) the replica's copies of ``keys``."""
+        rows = self._rows_on(tuple(keys), replica)
+        self.catalog.add_pins(rows, delta)
+
+    def lease(self, keys: Iterable[int], replica: str, until_s: float) -> None:
+        self.catalog.set_lease(self._rows_on(tuple(keys), replica), until_s)
+
+    def _rows_on(self, keys: Sequence[int], replica: str) -> np.ndarray:
+        code = self.catalog.replica_code(replica, create=False)
+        reps = self.catalog.col("replica")
+        rows = [r for k in keys for r in self.catalog.rows_of(k) if reps[r] == code]
+        if len(rows) != len(keys):
+            raise ValueError(f"replica {replica!r} does not hold all {len(keys)} blocks asked for")
+        return np.asarray(rows, dtype=np.int64)
+
+    # ---- eviction and recovery -----------------------------------------------------------
+    def plan_eviction(
+        self, replica: str, now_s: float, next_use: dict[int, int] | None = None, budget_bytes: int | None = None
+    ) -> EvictionPlan:
+        """Which of the replica's blocks to evict to get under its byte budget.
+
+        Lowest ``scheduler.eviction`` score first (deeper blocks first on ties); pinned and
+        leased copies are never chosen. ``next_use`` maps block key → steps until the running
+        workflow needs it. Plans only: the replica evicts and reports an ``EvictEvent``.
+        """
+        budget = self.replica(replica).budget_bytes if budget_bytes is None else budget_bytes
+        c = self.catalog
+        code = c.replica_code(replica, create=False)
+        rows = np.flatnonzero(c.col("alive") & (c.col("replica") == code))
+        nbytes = c.col("nbytes")[rows].astype(np.int64)
+        used = int(nbytes.sum())
+        if used <= budget:
+            return EvictionPlan(replica, (), 0, used, budget, 0)
+        keys = c.col("key")[rows]
+        steps = None
+        if next_use:
+            steps = np.array([next_use.get(k, -1) for k in keys.tolist()], dtype=np.int64)
+        age = (now_s - c.epoch_s) - c.col("last_used_s")[rows]
+        scores = eviction_scores(c.col("hits")[rows], nbytes, age, steps, self.weights)
+        scores = scores - 1e-9 * c.col("position_offset")[rows]  # NOTE: suffix blocks go first on ties
+        evictable = (c.col("pins")[rows] == 0) & (c.col("lease_until_s")[rows] < now_s - c.epoch_s)
+        order = eviction_order(scores, evictable)
+        freed = np.cumsum(nbytes[order])
+        n = int(np.searchsorted(freed, used - budget, side="left")) + 1
+        chosen = order[: min(n, len(order))]
+        freed_bytes = int(nbytes[chosen].sum())
+        shortfall = max(0, used - freed_bytes - budget)
+        return EvictionPlan(replica, tuple(int(k) for k in keys[chosen]), freed_bytes, used, budget, shortfall)
+
+    def recovery_plan(self, state_id: str, replica: str) -> RecoveryPlan:
+        """How to rebuild a state on ``replica``: reuse its own leading blocks, transfer the
+        next ones from another replica, recompute (prefill) the rest from the recorded tokens."""
+        self.replica(replica)
+        rec = self.state(state_id)
+        steps: list[RecoveryStep] = []
+        tokens_at = [0]
+        for lo in range(0, rec.num_tokens, self.block_tokens):
+            tokens_at.append(min(lo + self.block_tokens, rec.num_tokens))
+        i, n = 0, len(rec.state.block_keys)
+        while i < n:
+            holders = self.locate(rec.state.block_keys[i])
+            action, source = (
+                ("reuse", replica) if replica in holders else ("transfer", holders[0]) if holders else ("recompute", "")
+            )
+            j = i + 1
+            if action == "recompute":
+                j = n  # NOTE: a prefill recomputes every later block anyway
+            else:
+                while j < n and self._same_source(rec.state.block_keys[j], action, replica, source):
+                    j += 1
+            steps.append(RecoveryStep(action, replica, source, (i, j), (tokens_at[i], tokens_at[j])))
+            i = j
+        return RecoveryPlan(state_id, replica, tuple(steps), tuple(self.ancestors(state_id)))
+
+    def _same_source(self, key: int, action: str, replica: str, source: str) -> bool:
+        holders = self.locate(key)
+        return replica in holders if action == "reuse" else (replica not in holders and source in holders)
+
+    # ---- snapshot ------------------------------------------------------------------------
+    def snapshot(self, folder: str | Path) -> None:
+        """Write ``catalog.parquet`` and ``states.parquet`` (plus replicas) into ``folder``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.catalog.write_parquet(folder / "catalog.parquet")
+        write_states(folder / "states.parquet", list(self._states.values()), self.replicas, self.block_tokens)
+
+    @classmethod
+    def restore(cls, folder: str | Path, weights: EvictionWeights | None = None) -> KVStateManager:
+        """A manager rebuilt from :meth:`snapshot`; ``ValueError`` for another schema version."""
+        folder = Path(folder)
+        records, replicas, block_tokens = read_states(folder / "states.parquet")
+        catalog = Catalog.read_parquet(folder / "catalog.parquet")
+        mgr = cls(block_tokens, catalog.epoch_s, weights)
+        mgr.catalog = catalog
+        for info in replicas:
+            mgr._replicas[info.name] = info
+        for rec in records:
+            mgr._states[rec.state.state_id] = rec
+            for p in rec.state.lineage.parents:
+                mgr._children.setdefault(p, set()).add(rec.state.state_id)
+        return mgr
+
+    # ---- invariants ----------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Raise ``RuntimeError`` if the catalog and states disagree."""
+        c = self.catalog
+        alive = c.col("alive")
+        keys = c.col("key")
+        ever = set(keys.tolist())
+        parents = c.col("parent_key")[alive]
+        orphan = [p for p in set(parents.tolist()) if p != ROOT_KEY and p not in ever]
+        if orphan:
+            raise RuntimeError(f"{len(orphan)} blocks have parents the catalog never saw")
+        if (c.col("pins") < 0).any():
+            raise RuntimeError("negative pin counts")
+        for row in np.flatnonzero(alive)[:: max(1, int(alive.sum()) // 1000)].tolist():
+            if row not in c.rows_of(int(keys[row])):
+                raise RuntimeError(f"live row {row} is not reachable through the key index")
+        for rec in self._states.values():
+            if any(k not in ever for k in rec.state.block_keys):
+                raise RuntimeError(f"state {rec.state.state_id!r} references blocks the catalog never saw")
+            if any(p not in self._states for p in rec.state.lineage.parents):
+                raise RuntimeError(f"state {rec.state.state_id!r} has unknown parents")
+
+
+def batch_from_blocks(
+    blocks: Sequence[KVBlock], replica: str, state_id: str, kind: str = "context", op: str = "", path_hash: int = 0
+) -> BlockBatch:
+    """The catalog rows for blocks a replica just stored."""
+    return BlockBatch(
+        replica=replica,
+        state=state_id,
+        key=np.array([b.key for b in blocks], dtype=np.uint64),
+        parent_key=np.array([b.parent_key for b in blocks], dtype=np.uint64),
+        position_offset=np.array([b.position_offset for b in blocks], dtype=np.int32),
+        num_tokens=np.array([b.num_tokens for b in blocks], dtype=np.int16),
+        nbytes=np.array([b.nbytes for b in blocks], dtype=np.int32),
+        checksum=np.array([b.checksum for b in blocks], dtype=np.uint64),
+        kind=kind,
+        op=op,
+        path_hash=path_hash,
+    )
+
+
+def _take(batch: BlockBatch, mask: np.ndarray) -> BlockBatch:
+    if mask.all():
+        return batch
+    return BlockBatch(
+        replica=batch.replica,
+        state=batch.state,
+        key=batch.key[mask],
+        parent_key=batch.parent_key[mask],
+        position_offset=batch.position_offset[mask],
+        num_tokens=batch.num_tokens[mask],
+        nbytes=batch.nbytes[mask],
+        checksum=batch.checksum[mask],
+        kind=batch.kind,
+        op=batch.op,
+        path_hash=batch.path_hash,
+    )

@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphflow.kv import ROOT_KEY, chain_keys
+from graphflow.kv.catalog import BlockBatch
+from graphflow.kv.manager import AdmitEvent, EvictEvent, KVStateManager, ReplicaInfo, StateRecord
+from graphflow.kv.state import KVState, Lineage, Placement, Positions, RopeInfo
+
+MODEL_KEY = "toy@cafe"
+BT = 4
+NB = 1000  # bytes per full block
+
+
+def _admit(mgr, replica, state_id, tokens, parents=(), now=0.0, checksum_salt=0, operator="materialize"):
+    keys = chain_keys(tokens, MODEL_KEY, BT)
+    parent_keys = [ROOT_KEY, *keys[:-1]]
+    ntok = [min(BT, len(tokens) - i * BT) for i in range(len(keys))]
+    batch = BlockBatch(
+        replica=replica,
+        state=state_id,
+        key=np.array(keys, dtype=np.uint64),
+        parent_key=np.array(parent_keys, dtype=np.uint64),
+        position_offset=np.arange(len(keys), dtype=np.int32) * BT,
+        num_tokens=np.array(ntok, dtype=np.int16),
+        nbytes=np.array([NB * n // BT for n in ntok], dtype=np.int32),
+        checksum=np.array([(k ^ checksum_salt) & 0xFFFFFFFF for k in keys], dtype=np.uint64),
+    )
+    state = KVState(
+        state_id, "toy", "cafe", tuple(keys), Positions(0, len(tokens), RopeInfo(1e4)),
+        Lineage(operator, tuple(parents)), Placement(replica),
+    )  # fmt: skip
+    mgr.apply([AdmitEvent(replica, StateRecord.of(state, tokens), batch)], now)
+    mgr.check_integrity()
+    return keys
+
+
+@pytest.fixture
+def mgr():
+    m = KVStateManager(block_tokens=BT)
+    m.add_replica(ReplicaInfo("r0", node="n0", budget_bytes=10 * NB))
+    m.add_replica(ReplicaInfo("r1", node="n1", budget_bytes=10 * NB))
+    return m
+
+
+def test_longest_prefix_per_replica(mgr):
+    _admit(mgr, "r0", "a", list(range(16)))
+    _admit(mgr, "r1", "b", list(range(8)))
+    keys = chain_keys(list(range(20)), MODEL_KEY, BT)
+    matches = mgr.longest_prefix(keys)
+    assert [(m.replica, m.num_blocks, m.num_tokens) for m in matches] == [("r0", 4, 16), ("r1", 2, 8)]
+    assert mgr.longest_prefix(chain_keys([99, 98, 97, 96], MODEL_KEY, BT)) == []
+
+
+def test_locate_and_placement(mgr):
+    keys = _admit(mgr, "r0", "a", list(range(8)))
+    _admit(mgr, "r1", "a2", list(range(8)))  # same blocks, second copy
+    assert sorted(mgr.locate(keys[0])) == ["r0", "r1"]
+    place = mgr.placement("a")
+    assert sorted(place) == sorted((k, n, r, "cpu") for k in keys for n, r in (("n0", "r0"), ("n1", "r1")))
+
+
+def test_begin_node_leases_and_counts_hits(mgr):
+    _admit(mgr, "r0", "a", list(range(12)))
+    look = mgr.begin_node(list(range(12)) + [50, 51], MODEL_KEY, now_s=5.0, lease_s=10.0)
+    assert look.leased_replica == "r0" and look.matches[0].num_blocks == 3
+    c = mgr.catalog
+    rows = [c.rows_of(k)[0] for k in look.keys[:3]]
+    assert c.col("hits")[rows].tolist() == [1, 1, 1]
+    assert c.col("lease_until_s")[rows].tolist() == [15.0] * 3
+
+
+def test_lineage_walks(mgr):
+    _admit(mgr, "r0", "root", list(range(8)))
+    _admit(mgr, "r0", "child", list(range(12)), parents=("root",), operator="append")
+    _admit(mgr, "r0", "grandchild", list(range(16)), parents=("child",), operator="append")
+    assert mgr.ancestors("grandchild") == ["child", "root"]
+    assert mgr.descendants("root") == ["child", "grandchild"]
+    with pytest.raises(ValueError, match="unknown state"):
+        mgr.ancestors("nope")
+
+
+def test_eviction_plan_respects_budget_pins_and_next_use(mgr):
+    keys = _admit(mgr, "r0", "a", list(range(48)))  # 12 blocks, budget 10
+    assert mgr.used_bytes("r0") == 12 * NB
+    mgr.pin(keys[-1:], "r0")
+    plan = mgr.plan_eviction("r0", now_s=100.0, next_use={keys[-2]: 1})
+    assert plan.freed_bytes == 2 * NB and plan.shortfall_bytes == 0
+    assert keys[-1] not in plan.keys and keys[-2] not in plan.keys
+    assert plan.keys == (keys[-3], keys[-4])  # deeper blocks first among equals
+    mgr.apply([EvictEvent("r0", plan.keys)], 100.0)
+    mgr.check_integrity()
+    assert mgr.used_bytes("r0") == 10 * NB
+    assert mgr.plan_eviction("r0", now_s=100.0).keys == ()
+
+
+def test_pinned_blocks_are_never_evicted(mgr):
+    keys = _admit(mgr, "r0", "a", list(range(48)))
+    mgr.pin(keys, "r0")
+    plan = mgr.plan_eviction("r0", now_s=1.0)
+    assert plan.keys == () and plan.shortfall_bytes == 2 * NB
+    with pytest.raises(ValueError, match="pinned"):
+        mgr.apply([EvictEvent("r0", (keys[0],))], 1.0)
+    mgr.pin(keys, "r0", delta=-1)
+    with pytest.raises(ValueError, match="not pinned"):
+        mgr.pin(keys, "r0", delta=-1)
+
+
+def test_recovery_plan_reuse_transfer_recompute(mgr):
+    keys = _admit(mgr, "r0", "a", list(range(18)))  # 5 blocks: 4 full + 2 tokens
+    _admit(mgr, "r1", "b", list(range(8)))
+    mgr.apply([EvictEvent("r0", tuple(keys[:2]) + tuple(keys[3:]))], 1.0)
+    # r1 holds blocks 0-1; r0 only block 2; blocks 3-4 are gone
+    plan = mgr.recovery_plan("a", "r1")
+    assert [(s.action, s.source, s.blocks, s.tokens) for s in plan.steps] == [
+        ("reuse", "r1", (0, 2), (0, 8)),
+        ("transfer", "r0", (2, 3), (8, 12)),
+        ("recompute", "", (3, 5), (12, 18)),
+    ]
+    assert plan.recompute_tokens == 6
+
+
+def test_snapshot_restore_answers_identically(mgr, tmp_path):
+    keys = _admit(mgr, "r0", "a", list(range(20)))
+    _admit(mgr, "r1", "b", list(range(24)), parents=("a",))
+    mgr.pin(keys[:1], "r0")
+    mgr.apply([EvictEvent("r1", (chain_keys(list(range(24)), MODEL_KEY, BT)[-1],))], 2.0)
+    mgr.snapshot(tmp_path)
+    back = KVStateManager.restore(tmp_path)
+    back.check_integrity()
+    probe = chain_keys(list(range(24)), MODEL_KEY, BT)
+    assert back.longest_prefix(probe) == mgr.longest_prefix(probe)
+    assert back.placement("b") == mgr.placement("b")
+    assert back.ancestors("b") == ["a"] and back.descendants("a") == ["b"]
+    assert back.plan_eviction("r0", 3.0, budget_bytes=NB) == mgr.plan_eviction("r0", 3.0, budget_bytes=NB)
+    assert back.recovery_plan("b", "r0") == mgr.recovery_plan("b", "r0")
+    assert back.state("a") == mgr.state("a")
+
+
+def test_snapshot_of_other_version_is_refused(mgr, tmp_path):
+    import pyarrow.parquet as pq
+
+    _admit(mgr, "r0", "a", list(range(8)))
+    mgr.snapshot(tmp_path)
+    table = pq.read_table(tmp_path / "catalog.parquet")
+    meta = dict(table.schema.metadata)
+    meta[b"graphflow.catalog_version"] = b"99"
+    pq.write_table(table.replace_schema_metadata(meta), tmp_path / "catalog.parquet")
+    with pytest.raises(ValueError, match="version 99"):
+        KVStateManager.restore(tmp_path)
+
+
+def test_bad_admits_leave_the_manager_unchanged(mgr):
+    _admit(mgr, "r0", "a", list(range(8)))
+    before = (len(mgr.catalog), mgr.used_bytes("r0"))
+    with pytest.raises(ValueError, match="other bytes"):
+        _admit(mgr, "r1", "dup", list(range(8)), checksum_salt=0xABCDEF)
+    # a block whose parent was never admitted
+    keys = chain_keys(list(range(12)), MODEL_KEY, BT)
+    orphan = BlockBatch("r0", "o", np.array([keys[2]], np.uint64), np.array([12345], np.uint64),
+                        np.array([8], np.int32), np.array([4], np.int16), np.array([NB], np.int32),
+                        np.array([1], np.uint64))  # fmt: skip
+    state = KVState("o", "toy", "cafe", (keys[2],), Positions(8, 4, RopeInfo(1e4)), Lineage("x"))
+    with pytest.raises(ValueError, match="unknown parents"):
+        mgr.apply([AdmitEvent("r0", StateRecord.of(state, []), orphan)], 0.0)
+    with pytest.raises(ValueError, match="unknown parent states"):
+        _admit(mgr, "r0", "c", list(range(4)), parents=("ghost",))
+    with pytest.raises(ValueError, match="already registered"):
+        _admit(mgr, "r0", "a", list(range(8)))
+    assert (len(mgr.catalog), mgr.used_bytes("r0")) == before
+    mgr.check_integrity()
+
+
+def test_readmit_on_same_replica_is_idempotent(mgr):
+    _admit(mgr, "r0", "a", list(range(8)))
+    _admit(mgr, "r0", "a-again", list(range(8)))
+    assert mgr.used_bytes("r0") == 2 * NB and len(mgr.catalog) == 2
