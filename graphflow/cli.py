@@ -136,6 +136,56 @@ def check_exact(
         raise typer.Exit(1)
 
 
+def _kv_table(title: str, values: dict[str, object]) -> None:
+    table = Table("", "value", title=title)
+    for k, v in values.items():
+        table.add_row(k, f"{v:,.4g}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
+    out.print(table)
+
+
+@check_app.command("fork")
+@_user_errors
+def check_fork(
+    model: str = typer.Option("tiny-llama", help="Registry name or local checkpoint folder."),
+    tokens: int = typer.Option(4096, help="Shared context tokens."),
+    branches: int = typer.Option(16, help="Forked branches."),
+    decode: int = typer.Option(32, help="Tokens each branch decodes."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Fork a shared context into branches; peak store memory vs independent copies."""
+    from graphflow.checks.fork import run_fork_check
+    from graphflow.models.registry import resolve
+
+    resolve(model)
+    result = run_fork_check(model, tokens, branches, decode, say=_say(json_out))
+    if json_out:
+        _emit(result.to_dict())
+    else:
+        _kv_table(f"fork: {tokens} shared tokens × {branches} branches", result.to_dict())
+
+
+@check_app.command("lineage")
+@_user_errors
+def check_lineage(
+    model: str = typer.Option("tiny-llama", help="Registry name or local checkpoint folder."),
+    states: int = typer.Option(6, help="States materialized into a store that holds two."),
+    tokens: int = typer.Option(256, help="Tokens per state."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Evict under a tight budget, then rebuild every evicted state from its lineage."""
+    from graphflow.checks.lineage import run_lineage_check
+    from graphflow.models.registry import resolve
+
+    resolve(model)
+    result = run_lineage_check(model, states, tokens, say=_say(json_out))
+    if json_out:
+        _emit(result.to_dict())
+    else:
+        _kv_table("lineage: evict and rebuild", result.to_dict())
+    if not result.rebuilt_bit_identical:
+        raise typer.Exit(1)
+
+
 @check_app.command("transfer")
 @_user_errors
 def check_transfer(

@@ -316,6 +316,11 @@ class KVStateManager:
                 out.append((key, info.node, replica, info.device))
         return out
 
+    def states_owning(self, keys: Sequence[int], replica: str) -> list[str]:
+        """States that admitted the replica's copies of ``keys`` (sorted, unique)."""
+        rows = self._rows_on(tuple(keys), replica) if keys else np.zeros(0, dtype=np.int64)
+        return sorted(set(self.catalog.names(self.catalog.col("state")[rows])))
+
     def used_bytes(self, replica: str) -> int:
         code = self.catalog.replica_code(replica, create=False)
         c = self.catalog
