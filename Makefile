@@ -23,8 +23,8 @@ demo: $(STAMP)
 	$(BIN)/graphflow check exact --model smollm2-135m --tokens 256
 
 lint: $(STAMP)
-	$(BIN)/ruff check graphflow transport scheduler tests
-	$(BIN)/ruff format --check graphflow transport scheduler tests
+	$(BIN)/ruff check graphflow transport scheduler tests experiments
+	$(BIN)/ruff format --check graphflow transport scheduler tests experiments
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

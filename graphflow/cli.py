@@ -295,6 +295,15 @@ def bench_prefill_cmd(
     out.print(table)
 
 
+def _register_extensions() -> None:
+    from graphflow.cli_workflow import register
+
+    register(app, _emit, _say(False), out, _user_errors)
+
+
+_register_extensions()
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,64 @@
+"""Helpers every study uses: run metadata and README tables generated from CSV."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ["read_csv", "replace_section", "write_csv", "write_meta"]
+
+_PACKAGES = ("torch", "transformers", "ray", "pyarrow", "numpy", "torch-geometric", "ucxx-cu12", "mpi4py")
+
+
+def write_meta(folder: Path, **extra: Any) -> None:
+    """``meta.json``: git sha, package versions, machine, plus study settings."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        sha = ""
+    versions = {}
+    for p in _PACKAGES:
+        try:
+            versions[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            versions[p] = None
+    meta = {
+        "git_sha": sha,
+        "packages": versions,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        **extra,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def replace_section(readme: Path, name: str, body: str) -> None:
+    """Replace the text between ``<!-- BEGIN name -->`` and ``<!-- END name -->``."""
+    text = readme.read_text()
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    if begin not in text:
+        raise ValueError(f"{readme} has no {begin} marker")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{begin}\n{body}\n{end}{tail}")

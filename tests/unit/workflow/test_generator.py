@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from graphflow.workflow.compile import ROOT, compile_workflow
+from graphflow.workflow.corpus import Workflow, WorkflowNode, load_corpus, references
+from graphflow.workflow.decode import Candidates, decode, is_valid
+from graphflow.workflow.generator import GeneratorConfig, WorkflowGenerator
+from graphflow.workflow.planner import DEFAULT_CHECKPOINT, Planner
+from graphflow.workflow.train import TrainConfig, edge_f1, imitation, reinforce
+from graphflow.workflow.wgraph import WGraph, structure
+
+OPS = [
+    ("Custom", "SOLVE"),
+    ("Custom", "REVIEW"),
+    ("ScEnsemble", "ENSEMBLE"),
+    ("Test", "TEST"),
+    ("Programmer", "PROGRAM"),
+]
+
+
+@st.composite
+def random_workflows(draw):
+    n = draw(st.integers(1, 6))
+    nodes = tuple(WorkflowNode(f"n{i}", *OPS[draw(st.integers(0, len(OPS) - 1))]) for i in range(n))
+    edges = tuple((f"n{i}", f"n{j}") for i in range(n) for j in range(i + 1, n) if draw(st.booleans()))
+    return Workflow(f"w{n}", "prop", nodes, edges, (f"n{n - 1}",))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(random_workflows(), min_size=1, max_size=4), st.integers(0, 10_000), st.floats(0.05, 0.95))
+def test_every_decoded_workflow_is_a_valid_dag(workflows, seed, threshold):
+    g = WGraph.build(workflows)
+    cands = Candidates(g)
+    scores = torch.rand(len(cands), generator=torch.Generator().manual_seed(seed))
+    nodes, edges, _ = decode(cands, scores, threshold)
+    wf = g.to_workflow(nodes, edges)
+    assert is_valid(wf)
+    legal = set(g.edges)
+    assert all(e in legal for e in edges)
+    sampled = decode(cands, scores, pick=lambda _i, p: random.Random(seed).random() < p)
+    assert is_valid(g.to_workflow(sampled[0], sampled[1]))
+
+
+def test_generator_shapes():
+    g = WGraph.build(load_corpus())
+    cands = Candidates(g)
+    for cfg in (GeneratorConfig(in_dim=16, hidden=8), GeneratorConfig(in_dim=16, hidden=8, layers=1, task_node=False,
+                                                                         task_in_mlp=False)):  # fmt: skip
+        model = WorkflowGenerator(cfg)
+        out = model(torch.randn(len(g.ops), 16), torch.randn(16), cands.wgraph_index, cands.index)
+        assert out.shape == (len(cands),) and bool(((out >= 0) & (out <= 1)).all())
+
+
+def test_training_lowers_the_loss_and_learns_two_tasks():
+    corpus = load_corpus()
+    refs = references(corpus)
+    planner = Planner(WGraph.build(corpus))
+    examples = [("Solve this grade-school word problem about apples.", refs["GSM8K"]),
+                ("Write a Python function that reverses a list.", refs["HumanEval"])] * 4  # fmt: skip
+    losses = imitation(planner, examples, TrainConfig(epochs=150, batch=8))
+    assert losses[-1] < losses[0] / 4
+    for text, ref in examples[:2]:
+        assert structure(planner.generate(text)) == structure(ref)
+
+
+def test_reinforce_improves_a_cheap_reward():
+    corpus = load_corpus()
+    refs = references(corpus)
+    planner = Planner(WGraph.build(corpus))
+    target = structure(refs["MBPP"])
+
+    def reward(wf: Workflow, _task: str) -> float:
+        return edge_f1(structure(wf), target)
+
+    rewards = reinforce(planner, ["write code"], reward, steps=300, lr=3e-3)
+    assert sum(rewards[-50:]) / 50 > sum(rewards[:50]) / 50 + 0.08
+
+
+def test_compile_chains_reuse_state_and_fan_in_forks_root():
+    refs = references(load_corpus())
+    gs = compile_workflow(refs["GSM8K"])  # 3 solvers → ensemble → review, program
+    parents = {n.id: n.state_parent for n in gs.nodes}
+    assert parents == {"n1": ROOT, "n2": ROOT, "n3": ROOT, "n4": ROOT, "n5": "n4", "n6": "n4"}
+    assert gs.ready(set()) == ["n1", "n2", "n3"]
+    assert gs.ready({"n1", "n2", "n3"}) == ["n4"]
+    assert set(gs.state_edges) == {(p, c) for c, p in parents.items()}
+    assert gs.node("n5").template.startswith("\n### Step:")
+
+
+def test_packaged_checkpoint_loads_and_is_small():
+    assert DEFAULT_CHECKPOINT.stat().st_size < 5 << 20
+    planner = Planner.load()
+    wf = planner.generate("def add(a, b): return the sum of a and b")
+    assert is_valid(wf)
+    with pytest.raises(ValueError, match="empty"):
+        planner.generate("")
