@@ -1,0 +1,97 @@
+"""Cost model: pure functions over frozen dataclasses, seconds as float, bytes as int.
+
+* ``T_prefill(L) = a + b·L + c·L²`` — linear work per token plus quadratic attention (the
+  standard prefill shape; AAFLOW+ uses a constant per-token cost, eq. 41). Fitted per model and
+  replica from measured prefills (``scheduler.calibrate``).
+* ``T_transfer(bytes) = bytes / bandwidth + latency`` — the Hockney α-β model (AAFLOW+ eq. 42),
+  with α and β *measured* per backend and peer pair by ``transport.probe``.
+* ``T_resume(bytes) = r0 + r1·bytes`` — rebuilding a cache from received blocks (measured).
+* ``T_reconstruct(bytes) = q0 + q1·bytes`` — base + residual → KV (GraphFlow; measured).
+
+Hardware numbers are parameters, never constants in here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LinearCost", "LinkSpec", "PrefillModel", "t_prefill", "t_prefill_suffix", "t_transfer"]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillModel:
+    """``a + b·L + c·L²`` seconds for a prefill of ``L`` tokens (from scratch)."""
+
+    a: float
+    b: float
+    c: float
+    model: str = ""
+    replica: str = ""
+
+    def __post_init__(self) -> None:
+        if self.b < 0 or self.c < 0:
+            raise ValueError(f"prefill model needs non-negative b and c, got b={self.b}, c={self.c}")
+
+    def __call__(self, tokens: int) -> float:
+        return t_prefill(self, tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """A measured link between two peers over one backend."""
+
+    backend: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    src: str = ""
+    dst: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth_bytes_per_s > 0:
+            raise ValueError(f"link {self.backend} {self.src}→{self.dst}: bandwidth must be positive, "
+                             f"got {self.bandwidth_bytes_per_s}; re-run the probe")  # fmt: skip
+        if self.latency_s < 0:
+            raise ValueError(f"link {self.backend}: latency must be non-negative, got {self.latency_s}")
+
+    @property
+    def gbps(self) -> float:
+        return self.bandwidth_bytes_per_s * 8 / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class LinearCost:
+    """``fixed_s + per_byte_s · bytes`` (resume, reconstruct)."""
+
+    fixed_s: float
+    per_byte_s: float
+
+    def __call__(self, nbytes: int) -> float:
+        return self.fixed_s + self.per_byte_s * nbytes
+
+
+def t_prefill(m: PrefillModel, tokens: int) -> float:
+    """Seconds to prefill ``tokens`` from an empty cache (0 for no tokens)."""
+    if tokens < 0:
+        raise ValueError(f"tokens must be non-negative, got {tokens}")
+    return 0.0 if tokens == 0 else max(0.0, m.a + m.b * tokens + m.c * tokens * tokens)
+
+
+def t_prefill_suffix(m: PrefillModel, cached: int, total: int) -> float:
+    """Seconds to prefill tokens ``[cached, total)`` on top of a cache of ``cached`` tokens.
+
+    The suffix pays the per-token work for its own tokens and attention over all earlier
+    ones: ``a + b·n + c·(total² − cached²)`` with ``n = total − cached``.
+    """
+    if not 0 <= cached <= total:
+        raise ValueError(f"need 0 <= cached <= total, got {cached}, {total}")
+    n = total - cached
+    if n == 0:
+        return 0.0
+    return max(0.0, m.a + m.b * n + m.c * (total * total - cached * cached))
+
+
+def t_transfer(nbytes: int, link: LinkSpec) -> float:
+    """``bytes / bandwidth + latency`` (0 bytes cost nothing: no transfer happens)."""
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be non-negative, got {nbytes}")
+    return 0.0 if nbytes == 0 else nbytes / link.bandwidth_bytes_per_s + link.latency_s

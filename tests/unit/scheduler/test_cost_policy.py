@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scheduler.calibrate import Profile, fit_link, fit_prefill, load_profile, save_profile
+from scheduler.cost import LinearCost, LinkSpec, PrefillModel, t_prefill, t_prefill_suffix, t_transfer
+from scheduler.eviction import eviction_order, eviction_scores
+from scheduler.policy import (
+    Option,
+    Policy,
+    RemoteCopy,
+    ResidualCopy,
+    StateRequest,
+    decide,
+    place,
+    prediction_error,
+    regret,
+)  # fmt: skip
+
+PM = PrefillModel(a=0.01, b=1e-4, c=1e-8)
+FAST = LinkSpec("ucx", 4e9, 50e-6)
+SLOW = LinkSpec("tcp", 1e6, 1e-3)
+
+
+def test_cost_functions_hand_computed():
+    assert t_prefill(PM, 1000) == pytest.approx(0.01 + 0.1 + 0.01)
+    assert t_prefill(PM, 0) == 0.0
+    assert t_prefill_suffix(PM, 1000, 1500) == pytest.approx(0.01 + 0.05 + 1e-8 * (1500**2 - 1000**2))
+    assert t_transfer(4_000_000, FAST) == pytest.approx(1e-3 + 50e-6)
+    assert t_transfer(0, FAST) == 0.0
+    assert LinearCost(0.002, 1e-9)(1_000_000) == pytest.approx(0.003)
+
+
+def test_costs_are_monotone():
+    ts = [t_prefill(PM, n) for n in (1, 10, 100, 1000, 10000)]
+    assert ts == sorted(ts)
+    xs = [t_transfer(n, SLOW) for n in (1, 10, 10**6)]
+    assert xs == sorted(xs)
+    assert t_prefill_suffix(PM, 500, 1000) < t_prefill(PM, 1000)
+
+
+def test_bad_links_and_models_are_refused():
+    with pytest.raises(ValueError, match="bandwidth must be positive"):
+        LinkSpec("ucx", 0.0, 1e-5)
+    with pytest.raises(ValueError, match="bandwidth must be positive"):
+        LinkSpec("ucx", -5.0, 1e-5)
+    with pytest.raises(ValueError, match="non-negative"):
+        PrefillModel(0.0, -1.0, 0.0)
+
+
+def _req(**kw):
+    base = dict(replica="r0", total_tokens=4096, kv_bytes_per_token=12288)
+    base.update(kw)
+    return StateRequest(**base)
+
+
+def test_policy_picks_each_option_where_it_is_right():
+    pol = Policy(PM, resume=LinearCost(1e-3, 1e-10), reconstruct=LinearCost(2e-3, 1e-10))
+    # all KV local: reuse
+    assert decide(_req(local_tokens=4096), pol).option is Option.REUSE
+    # KV on a fast link: transfer beats prefill of 4096 tokens (~0.59 s)
+    assert decide(_req(remote=(RemoteCopy("r1", 4096, FAST),)), pol).option is Option.TRANSFER
+    # KV only over a very slow link, a base+residual here: reconstruct
+    d = decide(_req(remote=(RemoteCopy("r1", 4096, SLOW),), residual=ResidualCopy(4000, 10_000_000)), pol)
+    assert d.option is Option.RECONSTRUCT
+    # nothing anywhere: recompute; and an incompatible state only allows recompute
+    assert decide(_req(), pol).option is Option.RECOMPUTE
+    d = decide(_req(local_tokens=4096, compatible=False, reason="config hash differs"), pol)
+    assert (
+        d.option is Option.RECOMPUTE and d.reason == "config hash differs" and set(d.predicted_s) == {Option.RECOMPUTE}
+    )
+    # a slow link loses to recompute: 50 MB at 1 MB/s = 50 s
+    assert decide(_req(remote=(RemoteCopy("r1", 4096, SLOW),)), pol).option is Option.RECOMPUTE
+
+
+def test_memory_term_can_flip_the_choice():
+    pol = Policy(PM, lam_s_per_byte=0.0)
+    req = _req(remote=(RemoteCopy("r1", 4096, FAST),), local_tokens=2048)
+    assert decide(req, pol).option is Option.TRANSFER
+    heavy = Policy(PM, lam_s_per_byte=1e-6)
+    assert decide(req, heavy).option is Option.REUSE
+
+
+def test_placement_weighs_locality_against_queue():
+    pol = Policy(PM)
+    here = _req(replica="r0", local_tokens=4096)
+    there = _req(replica="r1")
+    assert place([here, there], {}, pol).replica == "r0"
+    assert place([here, there], {"r0": 5.0}, pol).replica == "r1"
+
+
+def test_regret_and_prediction_error():
+    pol = Policy(PM)
+    d = decide(_req(remote=(RemoteCopy("r1", 4096, FAST),)), pol)
+    rec = d.with_measured(0.2, {Option.TRANSFER: 0.2, Option.RECOMPUTE: 0.1})
+    assert regret([rec]) == pytest.approx(1.0)
+    assert prediction_error([rec])[0] == pytest.approx(abs(d.chosen_predicted_s - 0.2) / 0.2)
+
+
+def test_fits_recover_known_parameters(tmp_path):
+    lengths = [128, 256, 512, 1024, 2048, 4096]
+    fit = fit_prefill([(n, t_prefill(PM, n)) for n in lengths], "m")
+    for n in (300, 3000, 8000):
+        assert t_prefill(fit, n) == pytest.approx(t_prefill(PM, n), rel=1e-6)
+    link = fit_link([(n, t_transfer(n, FAST)) for n in (1 << 20, 1 << 24, 1 << 26)], "ucx")
+    assert link.bandwidth_bytes_per_s == pytest.approx(4e9, rel=1e-6)
+    assert link.latency_s == pytest.approx(50e-6, rel=1e-4)
+    prof = Profile("m", "abc", 12288, fit, LinearCost(1e-3, 1e-10), {"ucx": link})
+    save_profile(tmp_path / "p.json", prof)
+    assert load_profile(tmp_path / "p.json", "m", "abc") == prof
+    with pytest.raises(ValueError, match="calibrated for 'm', not 'other'"):
+        load_profile(tmp_path / "p.json", "other")
+    with pytest.raises(ValueError, match="no profile"):
+        load_profile(tmp_path / "none.json")
+    with pytest.raises(ValueError, match="no measured 'mpi' link"):
+        prof.link("mpi")
+    with pytest.raises(ValueError, match="three or more"):
+        fit_prefill([(1, 1.0), (2, 2.0)])
+
+
+def test_eviction_scores():
+    hits, size, age = np.array([5, 0, 0]), np.array([1 << 20] * 3), np.array([1.0, 1.0, 100.0])
+    s = eviction_scores(hits, size, age)
+    assert list(eviction_order(s, np.array([True, True, True]))) == [2, 1, 0]
+    soon = eviction_scores(hits, size, age, steps_until_next_use=np.array([-1, -1, 2]))
+    assert list(eviction_order(soon, np.array([True, True, True]))) == [1, 0, 2]
+    assert list(eviction_order(s, np.array([True, False, True]))) == [2, 0]
