@@ -6,6 +6,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -293,6 +294,34 @@ def bench_prefill_cmd(
             f"{r.kv_bytes_per_token:,.0f}",
         )
     out.print(table)
+
+
+sweep_app = typer.Typer(help="Sweeps users run on their cluster.", no_args_is_help=True)
+app.add_typer(sweep_app, name="sweep")
+
+
+@sweep_app.command("transfer-vs-recompute")
+@_user_errors
+def sweep_transfer_vs_recompute(
+    model: str = typer.Option("smollm2-135m", help="Registry name or local checkpoint folder."),
+    contexts: str = typer.Option("256,1024,4096,8192", help="Context lengths (a fixed grid)."),
+    backends: str = typer.Option("ucx,mpi", help="Loopback backends to measure."),
+    links: str = typer.Option("500,1000,2500,5000", help="Shaped tcp link rates in Mbit/s ('' for none)."),
+    repeats: int = typer.Option(3, help="Timed repetitions per point (median)."),
+    out_dir: Path = typer.Option(Path("sweep-out"), "--out", help="Folder for sweep.csv and sweep.png."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Measure recompute vs transfer+resume between two processes and grade the scheduler."""
+    from graphflow.bench.sweep_run import run_sweep
+    from graphflow.models.registry import resolve
+
+    resolve(model)
+    result = run_sweep(model, _ints(contexts, "--contexts"), [b for b in backends.split(",") if b],
+                       [float(x) for x in links.split(",") if x], out_dir, repeats, say=_say(json_out))  # fmt: skip
+    if json_out:
+        _emit(result)
+    else:
+        _kv_table(f"transfer vs recompute: {model}", result)
 
 
 def _register_extensions() -> None:

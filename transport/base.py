@@ -267,6 +267,23 @@ class MessageTransport(Transport):
     async def _recv_msg(self, spec: TransferSpec, seq: int, buf: memoryview) -> None:
         """Receive one message of at most ``len(buf)`` bytes into the front of ``buf``."""
 
+    # ---- control messages ------------------------------------------------------------------
+    CONTROL_SEQ = (1 << 20) - 1
+
+    def send_control(self, peer: str, channel: int, data: bytes) -> None:
+        """Send a small control message (acks, barriers) on ``channel`` (any int ≥ 0)."""
+        self.run(self._send_msg(TransferSpec(channel, peer, (), ()), self.CONTROL_SEQ, memoryview(data)))
+
+    def recv_control(self, peer: str, channel: int, nbytes: int) -> bytes:
+        """Receive a control message of at most ``nbytes`` from ``peer`` on ``channel``."""
+        buf = bytearray(nbytes)
+
+        async def run() -> None:
+            await self._recv_msg(TransferSpec(channel, peer, (), ()), self.CONTROL_SEQ, memoryview(buf))
+
+        self.run(self._deadline(run(), f"control message from {peer[:32]}"))
+        return bytes(buf)
+
     # ---- the protocol --------------------------------------------------------------------
     async def asend(
         self, spec: TransferSpec, headers: Sequence[BlockHeader], tensors: Sequence[torch.Tensor]

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from graphflow.bench.netns import ShapedLink
 from transport.errors import TransportError
 
 __all__ = ["mpirun_command", "run_two_processes"]
@@ -40,7 +41,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_two_processes(backend: str, job_args: list[str], timeout_s: float) -> tuple[Any, Any]:
+def run_two_processes(
+    backend: str, job_args: list[str], timeout_s: float, link: ShapedLink | None = None
+) -> tuple[Any, Any]:
     """Run ``graphflow.checks.pair`` as roles 0 and 1; return both results.
 
     Raises:
@@ -56,7 +59,7 @@ def run_two_processes(backend: str, job_args: list[str], timeout_s: float) -> tu
         procs = [
             subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()) for cmd in cmds
         ]
-        errors = []
+        errors: list[str] = []
         try:
             for p in procs:
                 _, err = p.communicate(timeout=timeout_s)

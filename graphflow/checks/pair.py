@@ -21,7 +21,7 @@ from transport.registry import create
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--job", choices=["transfer", "bench"], required=True)
+    p.add_argument("--job", choices=["transfer", "bench", "sweep"], required=True)
     p.add_argument("--backend", choices=["ucx", "mpi"], required=True)
     p.add_argument("--role", type=int, default=-1)
     p.add_argument("--rendezvous", required=True)
@@ -33,6 +33,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--contexts", default="256,1024")
     return p.parse_args(argv)
 
 
@@ -53,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
             check = TransferCheck(model=args.model, tokens=args.tokens)
             side = send_side if args.role == 0 else receive_side
             result = side(check, transport, peer, folder)
+        elif args.job == "sweep":
+            from graphflow.bench.sweep import SweepPlan, sweep_side
+
+            contexts = [int(c) for c in args.contexts.split(",")]
+            result = sweep_side(transport, args.role, peer, SweepPlan(args.model, contexts, args.repeats))  # type: ignore[arg-type]
         else:
             from graphflow.bench.transport_pair import BenchPlan, run_pair
 

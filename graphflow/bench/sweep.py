@@ -1,0 +1,182 @@
+"""Transfer-vs-recompute sweep: both sides of the two-process job and the analysis.
+
+Role 1 (receiver, where the node runs) measures, per context length L: recompute = a fresh
+prefill of L tokens; transfer = receive L tokens' KV blocks from role 0 + rebuild the cache.
+Before the sweep it calibrates on a *different* grid (prefill lengths, transfer sizes,
+cache rebuilds), so predictions are never fitted on the points they predict. The sides
+synchronise with control messages so no timing overlaps the other side's work:
+
+```
+receiver: calibrate prefill/resume ── probe recv ×k ── for L: recompute ×R ─ GO ─ … recv ×R
+sender:                              probe send ×k ── for L:             wait GO ─ prefill ─ READY ─ send ×R
+```
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphflow.kv.codec import from_wire, to_wire
+from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
+from graphflow.models.engine import Engine
+from graphflow.models.prompts import prompt_token_ids
+from scheduler.calibrate import Profile, fit_linear, fit_link, fit_prefill
+from scheduler.policy import Option, Policy, RemoteCopy, StateRequest, decide, prediction_error, regret
+from transport.base import MessageTransport, TransferSpec
+from transport.wire import BlockHeader, checksum
+
+__all__ = ["SweepPlan", "analyse", "sweep_side"]
+
+GO, READY, ACK = 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPlan:
+    model: str
+    contexts: list[int]
+    repeats: int = 3
+    calib_lengths: tuple[int, ...] = (96, 384, 1536, 3000, 6000)
+    probe_tokens: tuple[int, ...] = (48, 400, 1600, 5000)
+
+
+def _median_s(fn: Any, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _synthetic(nbytes_per_block: int, blocks: int) -> tuple[list[BlockHeader], list[torch.Tensor]]:
+    tensors = [torch.full((nbytes_per_block,), i % 251, dtype=torch.uint8) for i in range(blocks)]
+    return [BlockHeader(i + 1, i, 0, (), "uint8", (nbytes_per_block,), nbytes_per_block, checksum(t))
+            for i, t in enumerate(tensors)], tensors  # fmt: skip
+
+
+def sweep_side(t: MessageTransport, role: int, peer: str, plan: SweepPlan) -> dict[str, Any]:
+    engine = Engine.load(plan.model)
+    bpt, bt = engine.kv_bytes_per_token(), 16
+    ids = itertools.count(100)
+    out: dict[str, Any] = {"role": role, "kv_bytes_per_token": bpt, "config_hash": engine.identity.config_hash}
+    cal = [n for n in plan.calib_lengths if n <= max(plan.contexts)]
+    if role == 1:
+        prefill, resume = [], []
+        for n in cal:
+            tokens = prompt_token_ids(engine.tokenizer, n)
+            prefill.append((n, _median_s(lambda tk=tokens: engine.prefill(tk), plan.repeats)))
+            blocks = cache_to_blocks(engine.prefill(tokens).cache, tokens, engine.identity, bt)
+            resume.append(
+                (n * bpt, _median_s(lambda b=blocks: blocks_to_cache(b, engine.identity, engine.config), plan.repeats))
+            )
+        out["prefill_samples"], out["resume_samples"] = prefill, resume
+    probe = []
+    for n in plan.probe_tokens:
+        headers, tensors = _synthetic(bpt * bt, max(1, n // bt))
+        times = []
+        for r in range(plan.repeats + 1):
+            spec = TransferSpec.for_headers(next(ids), peer, headers)
+            if role == 0:
+                t.send(spec, headers, tensors)
+                t.recv_control(peer, ACK, 1)
+            else:
+                t0 = time.perf_counter()
+                t.recv(spec)
+                if r:
+                    times.append(time.perf_counter() - t0)
+                t.send_control(peer, ACK, b"k")
+        if role == 1:
+            probe.append((sum(h.nbytes for h in headers), statistics.median(times)))
+    out["probe_samples"] = probe
+    rows = []
+    for n in plan.contexts:
+        tokens = prompt_token_ids(engine.tokenizer, n)
+        if role == 1:
+            recompute = _median_s(lambda tk=tokens: engine.prefill(tk), plan.repeats)
+            t.send_control(peer, GO, b"g")
+            t.recv_control(peer, READY, 1)
+            recv_s, resume_s = [], []
+            for r in range(plan.repeats + 1):
+                t0 = time.perf_counter()
+                got = t.recv(_spec_for(engine, tokens, bt, peer, next(ids)))
+                t1 = time.perf_counter()
+                cache = blocks_to_cache(from_wire(got.headers, got.tensors), engine.identity, engine.config)
+                t2 = time.perf_counter()
+                assert cache.get_seq_length() == n
+                if r:
+                    recv_s.append(t1 - t0)
+                    resume_s.append(t2 - t1)
+                t.send_control(peer, ACK, b"k")
+            both = [a + b for a, b in zip(recv_s, resume_s, strict=True)]
+            rows.append({"context": n, "nbytes": n * bpt, "recompute_s": recompute, "recv_s": statistics.median(recv_s),
+                         "resume_s": statistics.median(resume_s), "transfer_s": statistics.median(both)})  # fmt: skip
+        else:
+            t.recv_control(peer, GO, 1)
+            blocks = cache_to_blocks(engine.prefill(tokens).cache, tokens, engine.identity, bt)
+            headers, tensors = to_wire(blocks)
+            t.send_control(peer, READY, b"r")
+            for _ in range(plan.repeats + 1):
+                t.send(TransferSpec.for_headers(next(ids), peer, headers), headers, tensors)
+                t.recv_control(peer, ACK, 1)
+    out["rows"] = rows
+    return out
+
+
+def _spec_for(engine: Engine, tokens: list[int], bt: int, peer: str, transfer_id: int) -> TransferSpec:
+    from graphflow.checks.transfer import spec_for_prompt
+
+    spec = spec_for_prompt(engine.identity, tokens, bt, peer)
+    return TransferSpec(transfer_id, peer, spec.block_keys, spec.nbytes)
+
+
+def analyse(result: dict[str, Any], model: str, link_name: str) -> tuple[list[dict[str, Any]], Profile]:
+    """Fit the profile from the run's calibration, predict and decide every sweep point."""
+    prof = Profile(
+        model=model,
+        config_hash=result["config_hash"],
+        kv_bytes_per_token=result["kv_bytes_per_token"],
+        prefill=fit_prefill([tuple(x) for x in result["prefill_samples"]], model),
+        resume=fit_linear([tuple(x) for x in result["resume_samples"]]),
+        links={link_name: fit_link([tuple(x) for x in result["probe_samples"]], link_name)},
+    )
+    pol = Policy(prof.prefill, resume=prof.resume)
+    out = []
+    for row in result["rows"]:
+        req = StateRequest("receiver", row["context"], prof.kv_bytes_per_token,
+                           remote=(RemoteCopy("sender", row["context"], prof.links[link_name]),))  # fmt: skip
+        measured = {Option.RECOMPUTE: row["recompute_s"], Option.TRANSFER: row["transfer_s"]}
+        d = decide(req, pol)
+        d = d.with_measured(measured[d.option], measured)
+        oracle = min(measured, key=lambda o: measured[o])
+        out.append({
+            "model": model, "link": link_name, "context": row["context"], "nbytes": row["nbytes"],
+            "link_gbps_fitted": prof.links[link_name].gbps,
+            "measured_recompute_s": row["recompute_s"], "measured_transfer_s": row["transfer_s"],
+            "measured_recv_s": row["recv_s"], "measured_resume_s": row["resume_s"],
+            "predicted_recompute_s": d.predicted_s[Option.RECOMPUTE],
+            "predicted_transfer_s": d.predicted_s[Option.TRANSFER],
+            "decision": d.option.value, "oracle": oracle.value,
+            "right": measured[d.option] <= 1.05 * measured[oracle],
+            "rel_error": prediction_error([d])[0], "regret": regret([d]),
+            "_decision": d,
+        })  # fmt: skip
+    return out, prof
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    decisions = [r["_decision"] for r in rows]
+    errs = prediction_error(decisions)
+    return {
+        "points": len(rows),
+        "decision_accuracy": sum(r["right"] for r in rows) / len(rows),
+        "median_rel_error": statistics.median(errs),
+        "regret": regret(decisions),
+    }

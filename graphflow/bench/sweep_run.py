@@ -1,0 +1,88 @@
+"""Driver of ``graphflow sweep transfer-vs-recompute``: run every link, write CSV, PNG, JSON."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from graphflow.bench.netns import shaped_link
+from graphflow.bench.sweep import analyse, summarize
+from graphflow.checks.launch import run_two_processes
+
+__all__ = ["run_sweep"]
+
+
+def _job(model: str, contexts: Sequence[int], repeats: int) -> list[str]:
+    return ["--job", "sweep", "--model", model, "--contexts", ",".join(map(str, contexts)),
+            "--repeats", str(repeats), "--timeout", "1200"]  # fmt: skip
+
+
+def run_sweep(
+    model: str,
+    contexts: Sequence[int],
+    backends: Sequence[str],
+    links_mbit: Sequence[float],
+    out: Path,
+    repeats: int = 3,
+    say: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
+    """Loopback runs for each backend, then ucx over tcp through each shaped link."""
+    rows: list[dict[str, Any]] = []
+    for backend in backends:
+        say(f"{model}: {backend} over loopback")
+        _, got = run_two_processes(backend, _job(model, contexts, repeats), timeout_s=7200)
+        rows += analyse(got, model, f"{backend}-loopback")[0]
+    for rate in links_mbit:
+        say(f"{model}: ucx over tcp through a {rate:g} Mbit/s shaped link")
+        with shaped_link(rate) as link:
+            _, got = run_two_processes("ucx", _job(model, contexts, repeats), timeout_s=7200, link=link)
+        rows += analyse(got, model, f"tcp-{rate:g}mbit")[0]
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(rows)
+    plain = [{k: v for k, v in r.items() if k != "_decision"} for r in rows]
+    with open(out / "sweep.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(plain[0]))
+        writer.writeheader()
+        writer.writerows(plain)
+    plot_sweep(out / "sweep.csv", out / "sweep.png")
+    return {**summary, "csv": str(out / "sweep.csv"), "png": str(out / "sweep.png")}
+
+
+def plot_sweep(csv_path: Path, png_path: Path) -> None:
+    """Measured recompute vs transfer+resume per link (reads only the CSV)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    links = sorted({r["link"] for r in rows})
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for model in sorted({r["model"] for r in rows}):
+        rec = sorted(
+            {
+                (int(r["context"]), float(r["measured_recompute_s"]))
+                for r in rows
+                if r["model"] == model and r["link"] == links[0]
+            }
+        )
+        ax.plot([c for c, _ in rec], [s for _, s in rec], "k-o", label=f"{model}: recompute (prefill)")
+        for link in links:
+            pts = sorted(
+                (int(r["context"]), float(r["measured_transfer_s"]))
+                for r in rows
+                if r["model"] == model and r["link"] == link
+            )
+            ax.plot([c for c, _ in pts], [s for _, s in pts], "--x", label=f"{model}: transfer+resume, {link}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context tokens")
+    ax.set_ylabel("seconds (measured, median)")
+    ax.set_title("transfer vs recompute")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
