@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/graphflow check exact --model smollm2-135m --tokens 256
+	$(BIN)/graphflow demo --model smollm2-135m --replicas 2 --tasks 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check graphflow transport scheduler tests experiments

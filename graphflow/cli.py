@@ -26,7 +26,8 @@ app.add_typer(check_app, name="check")
 app.add_typer(bench_app, name="bench")
 
 err = Console(stderr=True)
-out = Console()
+# NOTE: tables are wide; when output is piped (no terminal width) render them at 140 columns.
+out = Console() if sys.stdout.isatty() else Console(width=140)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -37,7 +38,7 @@ def _user_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (ValueError, TypeError, TransportError, RuntimeError) as exc:
+        except (ValueError, TypeError, TransportError, RuntimeError, ConnectionError, MemoryError) as exc:
             err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
@@ -325,9 +326,10 @@ def sweep_transfer_vs_recompute(
 
 
 def _register_extensions() -> None:
-    from graphflow.cli_workflow import register
+    from graphflow import cli_serve, cli_workflow
 
-    register(app, _emit, _say(False), out, _user_errors)
+    cli_workflow.register(app, _emit, _say(False), out, _user_errors)
+    cli_serve.register(app, _emit, _say(False), out, _user_errors)
 
 
 _register_extensions()

@@ -21,17 +21,18 @@ PROFILE_VERSION = 1
 
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with non-negative coefficients for every column but the first."""
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    for _ in range(x.shape[1]):
-        bad = [j for j in range(1, x.shape[1]) if coef[j] < 0]
-        if not bad:
-            break
-        keep = [j for j in range(x.shape[1]) if j not in bad]
+    """Least squares with non-negative coefficients for every column but the first
+    (columns that go negative are dropped, cumulatively, and the rest refitted)."""
+    dropped: set[int] = set()
+    while True:
+        keep = [j for j in range(x.shape[1]) if j not in dropped]
         sub, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
         coef = np.zeros(x.shape[1])
         coef[keep] = sub
-    return coef
+        bad = {j for j in keep if j > 0 and coef[j] < 0}
+        if not bad:
+            return coef
+        dropped |= bad
 
 
 def fit_prefill(samples: Sequence[tuple[int, float]], model: str = "", replica: str = "") -> PrefillModel:

@@ -162,6 +162,10 @@ class KVStateManager:
     def replicas(self) -> list[ReplicaInfo]:
         return list(self._replicas.values())
 
+    def list_replicas(self) -> list[ReplicaInfo]:
+        """The registered replicas (a method, so Ray actor callers can ask for it)."""
+        return self.replicas
+
     # ---- events --------------------------------------------------------------------------
     def apply(self, events: Sequence[AdmitEvent | EvictEvent], now_s: float) -> None:
         """Apply a batch of replica events in order. Each admit is validated before anything
@@ -195,14 +199,18 @@ class KVStateManager:
 
     def _validate_blocks(self, batch: BlockBatch) -> None:
         keys, parents = batch.key.astype(np.uint64), batch.parent_key.astype(np.uint64)
-        rows = self.catalog.rows_of_many(keys)
-        known = rows >= 0
-        if known.any():
-            stored = self.catalog.col("checksum")[rows[known]]
-            bad = stored != batch.checksum[known]
-            if bad.any():
-                k = int(keys[known][bad][0])
-                raise ValueError(f"block {k:016x} is already registered with other bytes (checksum differs); refused")
+        # NOTE: the same tokens computed along another path (chunked vs whole prefill) give a
+        # block with the same key and slightly different bytes; replicas may each hold their
+        # own copy (each row keeps its checksum), but one replica never holds two versions.
+        code = self.catalog.replica_code(batch.replica)
+        reps, sums = self.catalog.col("replica"), self.catalog.col("checksum")
+        for i in np.flatnonzero(self.catalog.rows_of_many(keys) >= 0).tolist():
+            for r in self.catalog.rows_of(int(keys[i])):
+                if reps[r] == code and sums[r] != batch.checksum[i]:
+                    raise ValueError(
+                        f"block {int(keys[i]):016x} is already on {batch.replica} with other bytes "
+                        "(checksum differs); refused"
+                    )
         order = np.argsort(keys, kind="stable")
         same = keys[order][1:] == keys[order][:-1]
         if same.any() and (batch.checksum[order][1:][same] != batch.checksum[order][:-1][same]).any():

@@ -94,6 +94,13 @@ class BlockStore:
     def blocks(self, state_id: str) -> list[KVBlock]:
         return [self._slots[k].block for k in self.state(state_id).block_keys]
 
+    def block(self, key: int) -> KVBlock:
+        """The stored block with this key (``ValueError`` if absent)."""
+        slot = self._slots.get(key)
+        if slot is None:
+            raise ValueError(f"block {key:016x} is not in this store")
+        return slot.block
+
     def has_block(self, key: int) -> bool:
         return key in self._slots
 

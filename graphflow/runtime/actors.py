@@ -1,11 +1,28 @@
-"""Thin Ray actor shells around plain classes (the only runtime module that defines actors)."""
+"""Thin Ray actor shells around plain classes, and the Ray deployment the executor drives.
+
+* ``ReplicaWorker`` → named actor ``graphflow-replica-<i>`` (threaded: a replica can send
+  blocks while it runs a node);
+* ``KVStateManager`` → named, detached actor ``graphflow-manager`` shared by every client;
+* ``CallWorker`` → a process that runs a named function (two-process checks on Ray).
+"""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CallWorker", "call_worker"]
+from graphflow.kv.manager import KVStateManager, ReplicaInfo
+from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
+
+__all__ = ["MANAGER_NAME", "CallWorker", "RayCluster", "call_worker", "replica_name"]
+
+MANAGER_NAME = "graphflow-manager"
+NAMESPACE = "graphflow"
+
+
+def replica_name(i: int) -> str:
+    return f"graphflow-replica-{i}"
 
 
 class CallWorker:
@@ -19,3 +36,66 @@ class CallWorker:
 def call_worker(ray: Any, **options: Any) -> Any:
     """A new ``CallWorker`` actor (``options`` go to ``.options()``, e.g. ``num_cpus``)."""
     return ray.remote(CallWorker).options(**options).remote()
+
+
+class RayCluster:
+    """Replica actors + manager actor; satisfies ``runtime.executor.Cluster``."""
+
+    def __init__(self, ray: Any, replicas: list[str], handles: dict[str, Any], manager: Any) -> None:
+        self.ray = ray
+        self.replicas = replicas
+        self.handles = handles
+        self._manager = manager
+
+    @classmethod
+    def start(cls, ray: Any, model: str, n: int, capacity_bytes: int = 1 << 30, detached: bool = False) -> RayCluster:
+        """Create the manager and ``n`` replica actors (reusing any that already exist)."""
+        if n <= 0:
+            raise ValueError(f"need at least one replica, got {n}")
+        life = {"lifetime": "detached"} if detached else {}
+        manager = ray.remote(KVStateManager).options(name=MANAGER_NAME, namespace=NAMESPACE, get_if_exists=True,
+                                                     num_cpus=0, **life).remote()  # fmt: skip
+        names = [replica_name(i) for i in range(n)]
+        handles = {}
+        for name in names:
+            cfg = ReplicaConfig(name, model, capacity_bytes, transport="ray")
+            actor = ray.remote(ReplicaWorker).options(
+                name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, max_concurrency=4, **life
+            )
+            handles[name] = actor.remote(cfg)
+        addresses = ray.get([handles[n_].address.remote() for n_ in names])
+        ray.get([manager.add_replica.remote(ReplicaInfo(n_, budget_bytes=capacity_bytes, address=a))
+                 for n_, a in zip(names, addresses, strict=True)])  # fmt: skip
+        return cls(ray, names, handles, manager)
+
+    @classmethod
+    def attach(cls, ray: Any) -> RayCluster:
+        """Find a running deployment (``graphflow serve``) by its actor names."""
+        try:
+            manager = ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
+        except ValueError:
+            raise ValueError("no GraphFlow deployment on this Ray cluster; start one with `graphflow serve`") from None
+        infos = ray.get(manager.list_replicas.remote())
+        names = [i.name for i in infos]
+        handles = {n: ray.get_actor(n, namespace=NAMESPACE) for n in names}
+        return cls(ray, names, handles, manager)
+
+    def call(self, replica: str, method: str, *args: Any) -> Any:
+        return getattr(self.handles[replica], method).remote(*args)
+
+    def manager(self, method: str, *args: Any) -> Any:
+        return self.ray.get(getattr(self._manager, method).remote(*args))
+
+    def wait_one(self, handles: Sequence[Any]) -> Any:
+        done, _ = self.ray.wait(list(handles), num_returns=1)
+        return done[0]
+
+    def get(self, handle: Any) -> Any:
+        return self.ray.get(handle)
+
+    def stats(self) -> list[dict[str, Any]]:
+        return self.ray.get([self.handles[r].stats.remote() for r in self.replicas])
+
+    def shutdown(self) -> None:
+        for h in [*self.handles.values(), self._manager]:
+            self.ray.kill(h)

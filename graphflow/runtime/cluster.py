@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["connect", "shutdown", "start_local"]
+__all__ = ["connect", "shutdown", "start_head", "start_local", "stop_head"]
 
 
 def _ray() -> Any:
@@ -39,6 +39,7 @@ def connect(address: str, namespace: str = "graphflow") -> Any:
     ray = _ray()
     if ray.is_initialized():
         return ray
+    _check_reachable(address)
     try:
         ray.init(address=address, namespace=namespace, log_to_driver=False)
     except ConnectionError as exc:
@@ -47,6 +48,55 @@ def connect(address: str, namespace: str = "graphflow") -> Any:
             "RAY_AUTH_MODE=token for both the head (ray start) and this client"
         ) from None
     return ray
+
+
+def start_head(port: int = 6379, client_port: int = 10001) -> str:
+    """Start a local Ray head (``ray start --head``) with token auth; returns its address."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    os.environ["RAY_AUTH_MODE"] = "token"
+    ray_bin = Path(sys.executable).parent / "ray"
+    exe = str(ray_bin) if ray_bin.exists() else shutil.which("ray") or "ray"
+    proc = subprocess.run(
+        [exe, "start", "--head", f"--port={port}", f"--ray-client-server-port={client_port}",
+         "--include-dashboard=false", "--disable-usage-stats"],
+        capture_output=True, text=True, env={**os.environ, "RAY_AUTH_MODE": "token"},
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"could not start a Ray head: {proc.stderr.strip()[-300:]}")
+    return f"127.0.0.1:{port}"
+
+
+def stop_head() -> None:
+    """Stop a Ray head started on this machine (``ray stop``)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ray_bin = Path(sys.executable).parent / "ray"
+    exe = str(ray_bin) if ray_bin.exists() else shutil.which("ray") or "ray"
+    subprocess.run([exe, "stop", "--force"], capture_output=True)
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast (one clear sentence) when nothing listens at ``host:port``; Ray itself
+    retries an unreachable head for minutes."""
+    import socket
+
+    if address == "auto" or ":" not in address:
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError):
+        raise ConnectionError(
+            f"nothing answers at {address}; start a deployment with `graphflow serve` or check the address"
+        ) from None
 
 
 def shutdown() -> None:

@@ -155,7 +155,7 @@ def test_bad_admits_leave_the_manager_unchanged(mgr):
     _admit(mgr, "r0", "a", list(range(8)))
     before = (len(mgr.catalog), mgr.used_bytes("r0"))
     with pytest.raises(ValueError, match="other bytes"):
-        _admit(mgr, "r1", "dup", list(range(8)), checksum_salt=0xABCDEF)
+        _admit(mgr, "r0", "dup", list(range(8)), checksum_salt=0xABCDEF)
     # a block whose parent was never admitted
     keys = chain_keys(list(range(12)), MODEL_KEY, BT)
     orphan = BlockBatch("r0", "o", np.array([keys[2]], np.uint64), np.array([12345], np.uint64),
@@ -170,6 +170,12 @@ def test_bad_admits_leave_the_manager_unchanged(mgr):
         _admit(mgr, "r0", "a", list(range(8)))
     assert (len(mgr.catalog), mgr.used_bytes("r0")) == before
     mgr.check_integrity()
+
+
+def test_other_replica_may_hold_its_own_version_of_a_key(mgr):
+    keys = _admit(mgr, "r0", "a", list(range(8)))
+    _admit(mgr, "r1", "b", list(range(8)), checksum_salt=0xABCDEF)  # same tokens, other compute path
+    assert sorted(mgr.locate(keys[0])) == ["r0", "r1"]
 
 
 def test_readmit_on_same_replica_is_idempotent(mgr):

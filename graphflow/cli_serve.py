@@ -1,0 +1,309 @@
+"""Serving commands of the ``graphflow`` CLI: serve, submit, status, shutdown, check e2e, demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+__all__ = ["register"]
+
+DEMO_TASK_FILES = ("gsm8k_validate.jsonl", "mbpp_validate.jsonl")
+
+
+def _trace_table(title: str, result: Any) -> Table:
+    table = Table(
+        "node",
+        "replica",
+        "decision",
+        "from",
+        "context",
+        "prefilled",
+        "saved",
+        "bytes moved",
+        "predicted s",
+        "measured s",
+        "TTFT s",
+        title=title,
+    )
+    for t in result.trace:
+        table.add_row(
+            t.node,
+            t.replica.removeprefix("graphflow-"),
+            t.decision,
+            t.source.removeprefix("graphflow-"),
+            str(t.context_tokens),
+            str(t.prefill_tokens),
+            str(t.prefill_tokens_saved),
+            f"{t.bytes_moved:,}",
+            f"{t.predicted_s:.3f}",
+            f"{t.measured_s:.3f}",
+            f"{t.ttft_s:.3f}",
+        )
+    return table
+
+
+def _result_json(result: Any) -> dict[str, Any]:
+    return {
+        "final": result.final,
+        "bytes_moved": result.bytes_moved,
+        "prefill_tokens_saved": result.prefill_tokens_saved,
+        "trace": [t.__dict__ if hasattr(t, "__dict__") else _slots(t) for t in result.trace],
+    }
+
+
+def _slots(obj: Any) -> dict[str, Any]:
+    return {k: getattr(obj, k) for k in obj.__slots__}
+
+
+def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) -> None:
+    check_app = next(g.typer_instance for g in app.registered_groups if g.name == "check" and g.typer_instance)
+    assert check_app is not None
+
+    @app.command("serve")
+    @user_errors
+    def serve(
+        model: str = typer.Option("tiny-llama", help="Model every replica serves."),
+        replicas: int = typer.Option(2, help="Replica actors to start."),
+        address: str = typer.Option("", help="Ray cluster to deploy on ('' = start a local head)."),
+        capacity_mib: int = typer.Option(1024, help="KV block store budget per replica (MiB)."),
+        detach: bool = typer.Option(False, "--detach", help="Leave the deployment running and return."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+    ) -> None:
+        """Start the KV manager and N replica actors (named, so clients can attach)."""
+        from graphflow.models.registry import resolve
+        from graphflow.runtime.actors import RayCluster
+        from graphflow.runtime.cluster import connect, start_head
+
+        resolve(model)
+        if address:
+            ray = connect(address)
+            head = address
+        else:
+            head = start_head()
+            ray = connect("auto")
+        say(f"starting {replicas} replicas of {model}")
+        cluster = RayCluster.start(ray, model, replicas, capacity_mib << 20, detached=True)
+        info = {
+            "address": head,
+            "client_address": head.replace(":6379", ":10001") if "ray://" not in head else head,
+            "replicas": cluster.replicas,
+            "model": model,
+        }
+        if json_out:
+            emit(info)
+        else:
+            out.print(f"serving {model} on {replicas} replicas; Ray head {head}")
+            out.print("submit with: RAY_AUTH_MODE=token graphflow submit --address ray://127.0.0.1:10001 --task '...'")
+        if not detach:
+            import time
+
+            say("serving until Ctrl-C")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                cluster.shutdown()
+
+    @app.command("submit")
+    @user_errors
+    def submit(
+        task: str = typer.Option(..., help="The task's text."),
+        address: str = typer.Option(
+            ..., help="Ray client address of a `graphflow serve` deployment (ray://host:10001)."
+        ),
+        model: str = typer.Option("", help="Model the task is meant for ('' = whatever is served)."),
+        decode: int = typer.Option(16, help="Tokens each node generates."),
+        no_reuse: bool = typer.Option(False, "--no-reuse", help="Turn every KV reuse and transfer off."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+    ) -> None:
+        """Submit a task to a running deployment; prints the output and the per-node trace."""
+        from graphflow.client import connect
+
+        client = connect(address, decode_steps=decode)
+        served = client.status()[0]["model"]
+        if model and model != served:
+            raise ValueError(f"this deployment serves {served!r}, not {model!r}; submit to one that serves {model}")
+        result = client.run(task, reuse=not no_reuse)
+        if json_out:
+            emit(_result_json(result))
+        else:
+            out.print(_trace_table("per-node decisions", result))
+            out.print(f"output: {result.final!r}")
+
+    @app.command("status")
+    @user_errors
+    def status(
+        address: str = typer.Option("auto", help="Ray address of the deployment."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+    ) -> None:
+        """Replicas, KV memory and blocks of a running deployment."""
+        from graphflow.runtime.actors import RayCluster
+        from graphflow.runtime.cluster import connect
+
+        stats = RayCluster.attach(connect(address)).stats()
+        if json_out:
+            emit({"replicas": stats})
+            return
+        table = Table("replica", "model", "blocks", "states", "used MiB", "peak MiB", "capacity MiB", title="status")
+        for s in stats:
+            table.add_row(
+                s["replica"],
+                s["model"],
+                str(s["blocks"]),
+                str(s["states"]),
+                f"{s['used_bytes'] / 2**20:.1f}",
+                f"{s['peak_bytes'] / 2**20:.1f}",
+                f"{s['capacity_bytes'] / 2**20:.0f}",
+            )
+        out.print(table)
+
+    @app.command("shutdown")
+    @user_errors
+    def shutdown(
+        address: str = typer.Option("auto", help="Ray address of the deployment."),
+        stop_head: bool = typer.Option(True, help="Also stop a local Ray head started by `graphflow serve`."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+    ) -> None:
+        """Stop the replicas and the manager (and the local head)."""
+        from graphflow.runtime.actors import RayCluster
+        from graphflow.runtime.cluster import connect
+        from graphflow.runtime.cluster import shutdown as disconnect
+        from graphflow.runtime.cluster import stop_head as stop
+
+        try:
+            cluster = RayCluster.attach(connect(address))
+            cluster.shutdown()
+            stopped = cluster.replicas
+        finally:
+            disconnect()  # NOTE: leave the cluster before stopping it, or Ray logs errors after our output
+            if stop_head:
+                stop()
+        emit({"stopped": stopped}) if json_out else out.print(f"stopped {len(stopped)} replicas and the manager")
+
+    @check_app.command("e2e")
+    @user_errors
+    def check_e2e(
+        replicas: int = typer.Option(2, help="Replica actors."),
+        branches: int = typer.Option(4, help="Parallel branches of the workflow."),
+        model: str = typer.Option("tiny-llama", help="Registry name."),
+        decode: int = typer.Option(8, help="Tokens each node generates."),
+        context_repeats: int = typer.Option(24, help="Task context length, in repeats of a ~180-char problem."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+    ) -> None:
+        """A workflow with parallel branches on replica actors, exact mode vs all reuse off.
+
+        The shared task context is long enough (~4K tokens on the byte-level test models) that
+        moving its KV beats recomputing it on the second replica, as measured at connect time."""
+        from graphflow.client import connect
+        from graphflow.models.registry import resolve
+        from graphflow.workflow.corpus import Workflow, WorkflowNode
+
+        resolve(model)
+        roles = ["SOLVE", "SOLVE_ALT", "SOLVE_ASSUME", "SOLVE"]
+        nodes = [WorkflowNode(f"b{i}", "Custom", roles[i % len(roles)]) for i in range(branches)]
+        nodes += [WorkflowNode("join", "ScEnsemble", "ENSEMBLE"), WorkflowNode("check", "Custom", "REVIEW")]
+        edges = tuple((f"b{i}", "join") for i in range(branches)) + (("join", "check"),)
+        wf = Workflow("e2e", "check", tuple(nodes), edges, ("check",))
+        client = connect(None, model=model, replicas=replicas, decode_steps=decode)
+        task = (
+            "A warehouse ships 120 boxes on Monday and 3 times as many on Tuesday. Each box holds 8 items. "
+            "How many items were shipped in the two days together? "
+        ) * context_repeats
+        exact = client.run(task, wf)
+        plain = client.run(task, wf, reuse=False)
+        result = {
+            "outputs_identical": exact.outputs == plain.outputs,
+            "bytes_moved": exact.bytes_moved,
+            "prefill_tokens_saved": exact.prefill_tokens_saved,
+            "transport": "ray",
+            "replicas": replicas,
+            "branches": branches,
+            "replicas_used": sorted({t.replica for t in exact.trace}),
+            "decisions": {t.node: t.decision for t in exact.trace},
+            "link_gbps": client.executor.link.gbps,
+        }
+        if json_out:
+            emit(result)
+        else:
+            out.print(_trace_table("exact mode", exact))
+            out.print(result)
+        if not result["outputs_identical"]:
+            raise typer.Exit(1)
+
+    @app.command("demo")
+    @user_errors
+    def demo(
+        model: str = typer.Option("smollm2-135m", help="Model the replicas serve."),
+        replicas: int = typer.Option(2, help="Replica actors."),
+        tasks: int = typer.Option(2, help="Real tasks from the shared data to run."),
+        decode: int = typer.Option(24, help="Tokens each node generates."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+    ) -> None:
+        """The main job, embedded: real tasks through generated workflows on replica actors,
+        each run twice (KV reuse on / off) to show TTFT and prefill tokens saved."""
+        from graphflow.client import connect
+        from graphflow.workflow.tasks import default_tasks_dir, task_text
+
+        folder = Path(os.environ.get("GRAPHFLOW_TASKS", default_tasks_dir()))
+        picked: list[str] = []
+        for name in DEMO_TASK_FILES:
+            lines = (folder / name).read_text().splitlines() if (folder / name).is_file() else []
+            picked += [t for t in (task_text(json.loads(x)) for x in lines[: max(1, tasks // 2)]) if t]
+        if not picked:
+            raise ValueError(f"no demo tasks found in {folder}; set GRAPHFLOW_TASKS to a folder of *_validate.jsonl")
+        say(f"starting {replicas} replicas of {model} on an embedded Ray")
+        client = connect(None, model=model, replicas=replicas, decode_steps=decode)
+        summary = []
+        for i, task in enumerate(picked[:tasks]):
+            say(f"task {i + 1}/{min(tasks, len(picked))}: with KV reuse")
+            on = client.run(task)
+            say(f"task {i + 1}: without KV reuse")
+            off = client.run(task, reuse=False)
+            if not json_out:
+                out.print(_trace_table(f"task {i + 1}: {task[:60]!r}…", on))
+                out.print(f"[bold]answer:[/] {on.final.strip()[:200]!r}")
+            summary.append(
+                {
+                    "task": i + 1,
+                    "nodes": len(on.trace),
+                    "ttft_s_median_reuse": statistics.median(t.ttft_s for t in on.trace),
+                    "ttft_s_median_no_reuse": statistics.median(t.ttft_s for t in off.trace),
+                    "prefill_tokens_reuse": sum(t.prefill_tokens for t in on.trace),
+                    "prefill_tokens_no_reuse": sum(t.prefill_tokens for t in off.trace),
+                    "prefill_tokens_saved": on.prefill_tokens_saved,
+                    "bytes_moved": on.bytes_moved,
+                    "outputs_identical": on.outputs == off.outputs,
+                }
+            )
+        if json_out:
+            emit({"model": model, "replicas": replicas, "tasks": summary})
+            return
+        table = Table(
+            "task",
+            "nodes",
+            "TTFT median (reuse)",
+            "TTFT median (no reuse)",
+            "prefill tokens (reuse / none)",
+            "saved",
+            "bytes moved",
+            "same outputs",
+            title="summary: KV reuse on vs off (measured)",
+        )
+        for s in summary:
+            table.add_row(
+                str(s["task"]),
+                str(s["nodes"]),
+                f"{s['ttft_s_median_reuse']:.3f} s",
+                f"{s['ttft_s_median_no_reuse']:.3f} s",
+                f"{s['prefill_tokens_reuse']} / {s['prefill_tokens_no_reuse']}",
+                str(s["prefill_tokens_saved"]),
+                f"{s['bytes_moved']:,}",
+                str(s["outputs_identical"]),
+            )
+        out.print(table)

@@ -1,0 +1,241 @@
+"""A model replica as a plain class: engine + block store + transport endpoint.
+
+``graphflow.runtime.actors`` wraps it in a Ray actor; tests drive it directly. A node run:
+
+```
+tokens ─► longest local prefix (hash-chain keys in the store)            REUSE
+       ─► (optional) receive missing leading blocks from a peer replica   TRANSFER
+       ─► rebuild the cache from those blocks, prefill the rest           RECOMPUTE part
+       ─► greedy decode ─► pack the whole state, store it (shared blocks are not copied)
+       ─► report admits for the manager and a per-node trace
+```
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from graphflow.kv.block import chain_keys
+from graphflow.kv.codec import from_wire, to_wire
+from graphflow.kv.manager import AdmitEvent, StateRecord, batch_from_blocks
+from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
+from graphflow.kv.state import Lineage, Placement
+from graphflow.kv.store import BlockStore
+from graphflow.models.engine import Engine
+from transport.base import TransferSpec, Transport, TransportConfig
+
+__all__ = ["NodeResult", "NodeRun", "ReplicaConfig", "ReplicaWorker"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaConfig:
+    name: str
+    model: str = "tiny-llama"
+    capacity_bytes: int = 1 << 30
+    block_tokens: int = 16
+    device: str = "cpu"
+    transport: str = "ray"
+    timeout_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRun:
+    """What the executor asks a replica to do for one node."""
+
+    state_id: str
+    tokens: tuple[int, ...]
+    decode_steps: int
+    reuse: bool = True
+    transfer_from: str = ""  # peer transport address; "" = no transfer
+    transfer_tokens: int = 0  # leading tokens whose blocks the peer sends
+    transfer_id: int = 0
+    parents: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeResult:
+    state_id: str
+    replica: str
+    output_ids: tuple[int, ...]
+    text: str
+    reused_tokens: int
+    transferred_tokens: int
+    prefill_tokens: int
+    bytes_moved: int
+    ttft_s: float
+    total_s: float
+    admit: AdmitEvent | None = field(default=None, compare=False)
+
+
+class ReplicaWorker:
+    def __init__(self, config: ReplicaConfig) -> None:
+        from transport.registry import create
+
+        self.config = config
+        self.engine = Engine.load(config.model, device=config.device)
+        self.store = BlockStore(
+            self.engine.identity,
+            config.capacity_bytes,
+            config.block_tokens,
+            Placement(config.name, device=config.device),
+        )
+        kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
+        self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
+
+    # ---- identity ------------------------------------------------------------------------
+    def address(self) -> str:
+        return self.transport.address
+
+    def model_key(self) -> str:
+        return self.engine.identity.model_key
+
+    def encode(self, text: str) -> list[int]:
+        return self.engine.tokenizer.encode(text)
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        return self.engine.tokenizer.decode(list(ids))
+
+    # ---- node execution ------------------------------------------------------------------
+    def run_node(self, run: NodeRun) -> NodeResult:
+        """Execute one node; see the module docstring. Raises ``ValueError`` on a bad request."""
+        if not run.tokens:
+            raise ValueError("a node needs at least one context token")
+        start = time.perf_counter()
+        ids = list(run.tokens)
+        bt = self.config.block_tokens
+        moved = 0
+        transferred = 0
+        if run.transfer_from and run.transfer_tokens > 0:
+            moved, transferred = self._receive(run, ids[: run.transfer_tokens])
+        prefix_blocks = self._local_prefix(ids) if (run.reuse or transferred) else []
+        reused = len(prefix_blocks) * bt
+        cache = blocks_to_cache(prefix_blocks, self.engine.identity, self.engine.config) if prefix_blocks else None
+        pre = self.engine.prefill(ids[reused:], cache)
+        first = int(torch.argmax(pre.logits))
+        ttft = time.perf_counter() - start
+        out = self.engine.decode_greedy(pre.cache, first, run.decode_steps - 1) if run.decode_steps > 1 else None
+        output = [first, *(out.token_ids if out else ())]
+        admit = self._keep(run, ids + output[:-1], pre.cache) if run.reuse else None
+        return NodeResult(
+            state_id=run.state_id,
+            replica=self.config.name,
+            output_ids=tuple(output),
+            text=self.decode_text(output),
+            reused_tokens=max(0, reused - transferred),
+            transferred_tokens=transferred,
+            prefill_tokens=len(ids) - reused,
+            bytes_moved=moved,
+            ttft_s=ttft,
+            total_s=time.perf_counter() - start,
+            admit=admit,
+        )
+
+    def materialize(self, state_id: str, tokens: Sequence[int]) -> AdmitEvent:
+        """Prefill ``tokens`` once and store them as ``state_id`` (the task context root)."""
+        ids = list(tokens)
+        blocks = cache_to_blocks(self.engine.prefill(ids).cache, ids, self.engine.identity, self.config.block_tokens)
+        new = [b for b in blocks if not self.store.has_block(b.key)]
+        state = self.store.add_state(blocks, Lineage("materialize"), state_id)
+        if state is None:
+            raise MemoryError(f"replica {self.config.name} has no room for {state_id}")
+        return AdmitEvent(
+            self.config.name, StateRecord.of(state, ids), batch_from_blocks(new, self.config.name, state_id)
+        )
+
+    def prefill_seconds(self, lengths: Sequence[int], repeats: int = 2) -> list[tuple[int, float]]:
+        """Measured prefill times (median of ``repeats`` after a warm-up) for calibration."""
+        from graphflow.models.prompts import prompt_token_ids
+
+        out = []
+        for n in lengths:
+            ids = prompt_token_ids(self.engine.tokenizer, n)
+            self.engine.prefill(ids)
+            times = sorted(self.engine.prefill(ids).seconds for _ in range(repeats))
+            out.append((n, times[len(times) // 2]))
+        return out
+
+    def kv_bytes_per_token(self) -> int:
+        return self.engine.kv_bytes_per_token()
+
+    def _keep(self, run: NodeRun, state_tokens: list[int], cache: Any) -> AdmitEvent:
+        """Store the node's whole state (KV for every token but the last output) for reuse."""
+        computed = cache_to_blocks(cache, state_tokens, self.engine.identity, self.config.block_tokens)
+        new = [b for b in computed if not self.store.has_block(b.key)]
+        # NOTE: a block this store already holds keeps its stored bytes (first writer wins, as
+        # in vLLM's prefix cache): the same tokens recomputed along another path differ only by
+        # rounding, and one key never maps to two versions on a replica.
+        blocks = [self.store.block(b.key) if self.store.has_block(b.key) else b for b in computed]
+        state = self.store.add_state(blocks, Lineage("node", run.parents), run.state_id)
+        if state is None:
+            raise MemoryError(f"replica {self.config.name} has no room for state {run.state_id}; evict first")
+        return AdmitEvent(self.config.name, StateRecord.of(state, state_tokens),
+                          batch_from_blocks(new, self.config.name, run.state_id))  # fmt: skip
+
+    def _local_prefix(self, ids: list[int]) -> list[Any]:
+        """Leading full blocks of ``ids`` this store holds, leaving ≥ 1 token to prefill."""
+        bt = self.config.block_tokens
+        usable = (len(ids) - 1) // bt * bt
+        keys = chain_keys(ids[:usable], self.engine.identity.model_key, bt)
+        out = []
+        for k in keys:
+            if not self.store.has_block(k):
+                break
+            out.append(self.store.block(k))
+        return out
+
+    def _receive(self, run: NodeRun, ids: list[int]) -> tuple[int, int]:
+        from graphflow.checks.transfer import spec_for_prompt
+
+        bt = self.config.block_tokens
+        n = len(ids) // bt * bt
+        spec = spec_for_prompt(self.engine.identity, ids[:n], bt, run.transfer_from)
+        spec = TransferSpec(run.transfer_id, run.transfer_from, spec.block_keys, spec.nbytes)
+        got = self.transport.recv(spec)
+        blocks = from_wire(got.headers, got.tensors)
+        if self.store.add_state(blocks, Lineage("transfer"), f"{run.state_id}:transfer") is None:
+            raise MemoryError(f"replica {self.config.name} has no room for transferred blocks of {run.state_id}")
+        return got.stats.nbytes, n
+
+    def send_prefix(self, tokens: Sequence[int], n_tokens: int, peer: str, transfer_id: int) -> int:
+        """Send the blocks of ``tokens[:n_tokens]`` (full blocks) to ``peer``; returns bytes."""
+        bt = self.config.block_tokens
+        n = n_tokens // bt * bt
+        keys = chain_keys(list(tokens[:n]), self.engine.identity.model_key, bt)
+        missing = [k for k in keys if not self.store.has_block(k)]
+        if missing:
+            raise ValueError(f"replica {self.config.name} lacks {len(missing)} of the blocks asked for")
+        blocks = [self.store.block(k) for k in keys]
+        headers, tensors = to_wire(blocks)
+        return self.transport.send(TransferSpec.for_headers(transfer_id, peer, headers), headers, tensors).nbytes
+
+    def probe(self, peer: str, nbytes: int, transfer_id: int, send: bool) -> float:
+        """One synthetic transfer of ``nbytes`` in blocks of this model's block size, to or
+        from ``peer``; returns the receiver's measured seconds (0 on the sending side)."""
+        from transport.wire import BlockHeader, checksum
+
+        block = self.engine.kv_bytes_per_token() * self.config.block_tokens
+        n = max(1, nbytes // block)
+        headers = [BlockHeader(i + 1, i, 0, (), "uint8", (block,), block, 0) for i in range(n)]
+        if send:
+            tensors = [torch.full((block,), i % 251, dtype=torch.uint8) for i in range(n)]
+            headers = [BlockHeader(h.key, h.parent_key, 0, (), "uint8", (block,), block, checksum(t))
+                       for h, t in zip(headers, tensors, strict=True)]  # fmt: skip
+            self.transport.send(TransferSpec.for_headers(transfer_id, peer, headers), headers, tensors)
+            return 0.0
+        start = time.perf_counter()
+        self.transport.recv(TransferSpec.for_headers(transfer_id, peer, headers))
+        return time.perf_counter() - start
+
+    def release(self, state_id: str) -> int:
+        return self.store.release(state_id)
+
+    def stats(self) -> dict[str, Any]:
+        s = self.store.stats()
+        return {"replica": self.config.name, "model": self.config.model, "used_bytes": s.used_bytes,
+                "capacity_bytes": s.capacity_bytes, "blocks": s.num_blocks, "states": s.num_states,
+                "peak_bytes": s.peak_used_bytes}  # fmt: skip

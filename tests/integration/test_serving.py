@@ -1,0 +1,54 @@
+"""Serving on Ray: serve → submit through ray:// → status → shutdown, and the e2e check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ENV = {**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"}
+
+
+def _cli(*args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "graphflow.cli", *args], capture_output=True, text=True,
+                          env=ENV, timeout=timeout)  # fmt: skip
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _last_json(proc: subprocess.CompletedProcess[str]) -> dict:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_serve_submit_status_shutdown():
+    _cli("shutdown", "--json", check=False)  # a clean slate if an earlier run left a head
+    try:
+        served = _last_json(_cli("serve", "--model", "tiny-llama", "--replicas", "2", "--detach", "--json"))
+        assert served["replicas"] == ["graphflow-replica-0", "graphflow-replica-1"]
+        task = "Add 17 and 25, then double the result. " * 6
+        result = _last_json(_cli("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--decode", "4",
+                                 "--json"))  # fmt: skip
+        assert result["trace"] and all(t["replica"].startswith("graphflow-replica-") for t in result["trace"])
+        wrong = _cli("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--model", "smollm2-135m",
+                     check=False)  # fmt: skip
+        assert wrong.returncode == 2 and "serves 'tiny-llama', not 'smollm2-135m'" in wrong.stderr
+        status = _last_json(_cli("status", "--json"))
+        assert len(status["replicas"]) == 2 and any(r["blocks"] > 0 for r in status["replicas"])
+    finally:
+        stopped = _last_json(_cli("shutdown", "--json"))
+    assert len(stopped["stopped"]) == 2
+    unreachable = _cli("status", "--address", "127.0.0.1:6390", check=False, timeout=120)
+    assert unreachable.returncode == 2
+
+
+def test_check_e2e_exact_mode():
+    r = _last_json(_cli("check", "e2e", "--replicas", "2", "--branches", "4", "--model", "tiny-llama", "--json"))
+    assert r["outputs_identical"] is True
+    assert r["prefill_tokens_saved"] > 0
+    assert r["transport"] == "ray"
