@@ -49,7 +49,10 @@ def receive_outcome(name: str, peer: str, timeout_s: float) -> str:
         return type(exc).__name__
 
 
-def test_ray_sender_gone_before_receive_is_a_transport_error(ray_cluster):
+def test_ray_sender_gone_before_receive_never_hangs(ray_cluster):
+    """The sender posts its transfer and is killed before the receiver fetches it. The blocks
+    may survive in the object store (then they arrive checksum-verified) or be lost with their
+    owner (then it is a TransportError); either way the receiver finishes within its deadline."""
     from graphflow.runtime.actors import call_worker
 
     ray = ray_cluster
@@ -57,7 +60,7 @@ def test_ray_sender_gone_before_receive_is_a_transport_error(ray_cluster):
     assert ray.get(sender.call.remote(f"{__name__}:send_and_report", "s-gone", "r-gone")) == "sent"
     ray.kill(sender)  # the owner of the posted objects dies before they are fetched
     outcome = ray.get(receiver.call.remote(f"{__name__}:receive_outcome", "r-gone", "s-gone", 10.0), timeout=60)
-    assert outcome in ("TransportError", "TransferTimeout")
+    assert outcome in ("received", "TransportError", "TransferTimeout")
 
 
 def test_ray_missing_sender_times_out(ray_cluster):
