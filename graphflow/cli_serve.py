@@ -150,7 +150,18 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         if json_out:
             emit({"replicas": stats})
             return
-        table = Table("replica", "model", "blocks", "states", "used MiB", "peak MiB", "capacity MiB", title="status")
+        table = Table(
+            "replica",
+            "model",
+            "blocks",
+            "states",
+            "used MiB",
+            "peak MiB",
+            "capacity MiB",
+            "prefix hits",
+            "hit rate",
+            title="status",
+        )
         for s in stats:
             table.add_row(
                 s["replica"],
@@ -160,6 +171,8 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
                 f"{s['used_bytes'] / 2**20:.1f}",
                 f"{s['peak_bytes'] / 2**20:.1f}",
                 f"{s['capacity_bytes'] / 2**20:.0f}",
+                str(s.get("hits", 0)),
+                f"{s.get('hit_rate', 0.0):.0%}",
             )
         out.print(table)
 

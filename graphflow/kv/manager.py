@@ -144,6 +144,9 @@ class KVStateManager:
         self._replicas: dict[str, ReplicaInfo] = {}
         self._states: dict[str, StateRecord] = {}
         self._children: dict[str, set[str]] = {}
+        self._lookups = 0
+        self._hits: dict[str, int] = {}
+        self._hit_tokens: dict[str, int] = {}
 
     # ---- replicas ------------------------------------------------------------------------
     def add_replica(self, info: ReplicaInfo) -> None:
@@ -279,10 +282,13 @@ class KVStateManager:
         """Round trip 1 of a node: prefix matches everywhere; the best match is leased and hit."""
         keys = tuple(chain_keys(token_ids, model_key, self.block_tokens))
         matches = self.longest_prefix(keys)
+        self._lookups += 1
         if not matches:
             return NodeLookup(keys, (), None)
         best = next((m for m in matches if m.replica == prefer and m.num_blocks == matches[0].num_blocks), matches[0])
         rows = self._rows_on(keys[: best.num_blocks], best.replica)
+        self._hits[best.replica] = self._hits.get(best.replica, 0) + 1
+        self._hit_tokens[best.replica] = self._hit_tokens.get(best.replica, 0) + best.num_tokens
         self.catalog.touch(rows, now_s)
         self.catalog.set_lease(rows, now_s + lease_s)
         return NodeLookup(keys, tuple(matches), best.replica)
@@ -323,6 +329,14 @@ class KVStateManager:
                 info = self._replicas.get(replica, ReplicaInfo(replica))
                 out.append((key, info.node, replica, info.device))
         return out
+
+    def hit_stats(self) -> dict[str, dict[str, float]]:
+        """Per replica: prefix lookups it answered best, their share of all lookups, tokens matched."""
+        return {
+            r: {"hits": self._hits.get(r, 0), "hit_rate": self._hits.get(r, 0) / max(1, self._lookups),
+                "hit_tokens": self._hit_tokens.get(r, 0)}
+            for r in self._replicas
+        }  # fmt: skip
 
     def states_owning(self, keys: Sequence[int], replica: str) -> list[str]:
         """States that admitted the replica's copies of ``keys`` (sorted, unique)."""

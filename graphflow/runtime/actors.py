@@ -94,7 +94,10 @@ class RayCluster:
         return self.ray.get(handle)
 
     def stats(self) -> list[dict[str, Any]]:
-        return self.ray.get([self.handles[r].stats.remote() for r in self.replicas])
+        """Replica memory and blocks, with the manager's prefix-hit counts per replica."""
+        hits = self.manager("hit_stats")
+        stats = self.ray.get([self.handles[r].stats.remote() for r in self.replicas])
+        return [{**s, **hits.get(s["replica"], {})} for s in stats]
 
     def shutdown(self) -> None:
         for h in [*self.handles.values(), self._manager]:

@@ -45,7 +45,8 @@ def connect(address: str, namespace: str = "graphflow") -> Any:
     except ConnectionError as exc:
         raise ConnectionError(
             f"could not connect to Ray at {address}: {exc}. Ray 2.60 clusters use token auth: set "
-            "RAY_AUTH_MODE=token for both the head (ray start) and this client"
+            "RAY_AUTH_MODE=token for both the head (ray start) and this client, with the head's token "
+            "(RAY_AUTH_TOKEN or ~/.ray/auth_token)"
         ) from None
     return ray
 

@@ -40,6 +40,10 @@ class LocalCluster:
     def get(self, handle: cf.Future[Any]) -> Any:
         return handle.result()
 
+    def stats(self) -> list[dict[str, Any]]:
+        hits = self._manager.hit_stats()
+        return [{**w.stats(), **hits.get(r, {})} for r, w in self.workers.items()]
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         for w in self.workers.values():

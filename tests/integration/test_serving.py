@@ -40,6 +40,11 @@ def test_serve_submit_status_shutdown():
         assert wrong.returncode == 2 and "serves 'tiny-llama', not 'smollm2-135m'" in wrong.stderr
         status = _last_json(_cli("status", "--json"))
         assert len(status["replicas"]) == 2 and any(r["blocks"] > 0 for r in status["replicas"])
+        assert sum(r["hits"] for r in status["replicas"]) > 0
+        bad = subprocess.run([sys.executable, "-m", "graphflow.cli", "status", "--address", "127.0.0.1:6379"],
+                             capture_output=True, text=True, timeout=300,
+                             env={**ENV, "RAY_AUTH_TOKEN": "not-the-token-0123456789"})  # fmt: skip
+        assert bad.returncode == 2 and "token" in bad.stderr.splitlines()[-1]
     finally:
         stopped = _last_json(_cli("shutdown", "--json"))
     assert len(stopped["stopped"]) == 2

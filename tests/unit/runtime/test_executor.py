@@ -56,3 +56,10 @@ def test_transfer_is_chosen_on_a_fast_link_and_moves_real_bytes(cluster):
 def test_replica_rejects_an_empty_node(cluster):
     with pytest.raises(ValueError, match="at least one context token"):
         cluster.workers["replica-0"].run_node(NodeRun("x", (), 2))
+
+
+def test_status_reports_prefix_hits(cluster):
+    stats = {s["replica"]: s for s in cluster.stats()}
+    assert set(stats) == {"replica-0", "replica-1"}
+    assert stats["replica-0"]["hits"] > 0 and 0 < stats["replica-0"]["hit_rate"] <= 1
+    assert stats["replica-0"]["blocks"] > 0
