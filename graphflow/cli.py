@@ -297,6 +297,32 @@ def bench_prefill_cmd(
     out.print(table)
 
 
+@app.command("calibrate")
+@_user_errors
+def calibrate_cmd(
+    model: str = typer.Option("tiny-llama", help="Registry name or local checkpoint folder."),
+    backends: str = typer.Option("ucx,mpi,local", help="Links to probe (two processes for ucx and mpi)."),
+    out_path: Path = typer.Option(Path("profile.json"), "--out", help="Profile file to write."),
+    repeats: int = typer.Option(3, help="Timed repetitions per point (median)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Measure prefill, cache rebuild and transport links; write the scheduler's profile."""
+    from dataclasses import asdict
+
+    from graphflow.bench.calibration import calibrate
+    from graphflow.models.registry import resolve
+
+    resolve(model)
+    prof = calibrate(model, [b for b in backends.split(",") if b], out_path, repeats, say=_say(json_out))
+    result = {"profile": str(out_path), "model": prof.model, "prefill": asdict(prof.prefill),
+              "resume": asdict(prof.resume), "links": {k: {"gbps": v.gbps, "latency_s": v.latency_s}
+                                                       for k, v in prof.links.items()}}  # fmt: skip
+    if json_out:
+        _emit(result)
+    else:
+        _kv_table(f"profile for {model} → {out_path}", {k: json.dumps(v) for k, v in result.items()})
+
+
 sweep_app = typer.Typer(help="Sweeps users run on their cluster.", no_args_is_help=True)
 app.add_typer(sweep_app, name="sweep")
 

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures as cf
 import itertools
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,22 +30,51 @@ class _Slot:
     copied: cf.Future[None] = field(default_factory=cf.Future)
 
 
+@dataclass(slots=True)
+class _Channel:
+    """Messages of one (sender, receiver, transfer, seq), matched in FIFO order like MPI tags."""
+
+    posted: deque[_Slot] = field(default_factory=deque)  # sent, no receiver yet
+    waiting: deque[_Slot] = field(default_factory=deque)  # receiver waiting, nothing sent yet
+
+
 class _Fabric:
     """Process-wide registry of local endpoints and in-flight messages."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.endpoints: set[str] = set()
-        self.slots: dict[_Key, _Slot] = {}
+        self.channels: dict[_Key, _Channel] = {}
         self.ids = itertools.count()
 
-    def slot(self, key: _Key) -> _Slot:
+    def post(self, key: _Key, buf: memoryview) -> _Slot:
+        """Sender side: hand ``buf`` to the oldest waiting receiver, or queue it."""
         with self.lock:
-            return self.slots.setdefault(key, _Slot())
+            ch = self.channels.setdefault(key, _Channel())
+            if ch.waiting:
+                slot = ch.waiting.popleft()
+            else:
+                slot = _Slot()
+                ch.posted.append(slot)
+            slot.posted.set_result(buf)
+            self._gc(key, ch)
+            return slot
 
-    def drop(self, key: _Key) -> None:
+    def take(self, key: _Key) -> _Slot:
+        """Receiver side: the oldest posted message, or a slot to wait on."""
         with self.lock:
-            self.slots.pop(key, None)
+            ch = self.channels.setdefault(key, _Channel())
+            if ch.posted:
+                slot = ch.posted.popleft()
+            else:
+                slot = _Slot()
+                ch.waiting.append(slot)
+            self._gc(key, ch)
+            return slot
+
+    def _gc(self, key: _Key, ch: _Channel) -> None:
+        if not ch.posted and not ch.waiting:
+            self.channels.pop(key, None)
 
 
 _FABRIC = _Fabric()
@@ -73,30 +103,25 @@ class LocalTransport(MessageTransport):
 
     async def _send_msg(self, spec: TransferSpec, seq: int, buf: memoryview) -> None:
         self._check_peer(spec.peer)
-        slot = _FABRIC.slot((self._name, spec.peer, spec.transfer_id, seq))
-        slot.posted.set_result(buf)
+        slot = _FABRIC.post((self._name, spec.peer, spec.transfer_id, seq), buf)
         await asyncio.wrap_future(slot.copied)
 
     async def _recv_msg(self, spec: TransferSpec, seq: int, buf: memoryview) -> None:
         self._check_peer(spec.peer)
-        key = (spec.peer, self._name, spec.transfer_id, seq)
-        slot = _FABRIC.slot(key)
+        slot = _FABRIC.take((spec.peer, self._name, spec.transfer_id, seq))
+        src = await asyncio.wrap_future(slot.posted)
         try:
-            src = await asyncio.wrap_future(slot.posted)
             if src.nbytes > buf.nbytes:
                 raise WireFormatError(f"local: message {seq} has {src.nbytes} bytes, at most {buf.nbytes} expected")
             np.copyto(np.frombuffer(buf, np.uint8, src.nbytes), np.frombuffer(src, np.uint8))
-            slot.copied.set_result(None)
         finally:
-            _FABRIC.drop(key)
+            slot.copied.set_result(None)  # NOTE: release the sender even when the copy is refused
 
     async def _send_blocks(self, spec: TransferSpec, views: list[memoryview]) -> None:
         # NOTE: post every block at once, then wait; a rendezvous per block costs two
         # cross-thread wake-ups each.
         self._check_peer(spec.peer)
-        slots = [_FABRIC.slot((self._name, spec.peer, spec.transfer_id, 2 + i)) for i in range(len(views))]
-        for slot, view in zip(slots, views, strict=True):
-            slot.posted.set_result(view)
+        slots = [_FABRIC.post((self._name, spec.peer, spec.transfer_id, 2 + i), v) for i, v in enumerate(views)]
         for slot in slots:
             await asyncio.wrap_future(slot.copied)
 

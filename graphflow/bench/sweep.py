@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from graphflow.kv.codec import from_wire, to_wire
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
@@ -30,7 +28,7 @@ from graphflow.models.prompts import prompt_token_ids
 from scheduler.calibrate import Profile, fit_linear, fit_link, fit_prefill
 from scheduler.policy import Option, Policy, RemoteCopy, StateRequest, decide, prediction_error, regret
 from transport.base import MessageTransport, TransferSpec
-from transport.wire import BlockHeader, checksum
+from transport.probe import probe_pair
 
 __all__ = ["SweepPlan", "analyse", "sweep_side"]
 
@@ -56,12 +54,6 @@ def _median_s(fn: Any, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _synthetic(nbytes_per_block: int, blocks: int) -> tuple[list[BlockHeader], list[torch.Tensor]]:
-    tensors = [torch.full((nbytes_per_block,), i % 251, dtype=torch.uint8) for i in range(blocks)]
-    return [BlockHeader(i + 1, i, 0, (), "uint8", (nbytes_per_block,), nbytes_per_block, checksum(t))
-            for i, t in enumerate(tensors)], tensors  # fmt: skip
-
-
 def sweep_side(t: MessageTransport, role: int, peer: str, plan: SweepPlan) -> dict[str, Any]:
     engine = Engine.load(plan.model)
     bpt, bt = engine.kv_bytes_per_token(), 16
@@ -78,23 +70,8 @@ def sweep_side(t: MessageTransport, role: int, peer: str, plan: SweepPlan) -> di
                 (n * bpt, _median_s(lambda b=blocks: blocks_to_cache(b, engine.identity, engine.config), plan.repeats))
             )
         out["prefill_samples"], out["resume_samples"] = prefill, resume
-    probe = []
-    for n in plan.probe_tokens:
-        headers, tensors = _synthetic(bpt * bt, max(1, n // bt))
-        times = []
-        for r in range(plan.repeats + 1):
-            spec = TransferSpec.for_headers(next(ids), peer, headers)
-            if role == 0:
-                t.send(spec, headers, tensors)
-                t.recv_control(peer, ACK, 1)
-            else:
-                t0 = time.perf_counter()
-                t.recv(spec)
-                if r:
-                    times.append(time.perf_counter() - t0)
-                t.send_control(peer, ACK, b"k")
-        if role == 1:
-            probe.append((sum(h.nbytes for h in headers), statistics.median(times)))
+    sizes = [n * bpt for n in plan.probe_tokens]
+    probe = probe_pair(t, role, peer, sizes, bpt * bt, plan.repeats)
     out["probe_samples"] = probe
     rows = []
     for n in plan.contexts:

@@ -21,7 +21,7 @@ from transport.registry import create
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--job", choices=["transfer", "bench", "sweep"], required=True)
+    p.add_argument("--job", choices=["transfer", "bench", "sweep", "probe"], required=True)
     p.add_argument("--backend", choices=["ucx", "mpi"], required=True)
     p.add_argument("--role", type=int, default=-1)
     p.add_argument("--rendezvous", required=True)
@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
             check = TransferCheck(model=args.model, tokens=args.tokens)
             side = send_side if args.role == 0 else receive_side
             result = side(check, transport, peer, folder)
+        elif args.job == "probe":
+            from transport.probe import probe_pair
+
+            sizes = [int(x) for x in args.sizes.split(",")]
+            result = probe_pair(transport, args.role, peer, sizes, args.block_bytes, args.repeats)  # type: ignore[arg-type]
         elif args.job == "sweep":
             from graphflow.bench.sweep import SweepPlan, sweep_side
 
