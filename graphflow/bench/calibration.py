@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import statistics
 import threading
-import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+from graphflow.bench.timing import median_seconds
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
@@ -21,16 +20,6 @@ __all__ = ["PREFILL_LENGTHS", "PROBE_TOKENS", "calibrate"]
 
 PREFILL_LENGTHS = (96, 384, 1536, 3000)
 PROBE_TOKENS = (48, 400, 1600, 5000)
-
-
-def _median(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _local_link(sizes: Sequence[int], block_bytes: int, repeats: int) -> list[tuple[int, float]]:
@@ -55,9 +44,11 @@ def calibrate(
     for n in PREFILL_LENGTHS:
         say(f"prefill {n} tokens")
         ids = prompt_token_ids(engine.tokenizer, n)
-        prefill.append((n, _median(partial(engine.prefill, ids), repeats)))
+        prefill.append((n, median_seconds(partial(engine.prefill, ids), repeats)))
         blocks = cache_to_blocks(engine.prefill(ids).cache, ids, engine.identity, bt)
-        resume.append((n * bpt, _median(partial(blocks_to_cache, blocks, engine.identity, engine.config), repeats)))
+        resume.append(
+            (n * bpt, median_seconds(partial(blocks_to_cache, blocks, engine.identity, engine.config), repeats))
+        )
     sizes = [n * bpt for n in PROBE_TOKENS]
     links = {}
     for backend in backends:

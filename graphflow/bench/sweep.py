@@ -19,8 +19,10 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from graphflow.bench.timing import median_seconds
 from graphflow.kv.codec import from_wire, to_wire
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
@@ -44,16 +46,6 @@ class SweepPlan:
     probe_tokens: tuple[int, ...] = (48, 400, 1600, 5000)
 
 
-def _median_s(fn: Any, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def sweep_side(t: MessageTransport, role: int, peer: str, plan: SweepPlan) -> dict[str, Any]:
     engine = Engine.load(plan.model)
     bpt, bt = engine.kv_bytes_per_token(), 16
@@ -64,10 +56,13 @@ def sweep_side(t: MessageTransport, role: int, peer: str, plan: SweepPlan) -> di
         prefill, resume = [], []
         for n in cal:
             tokens = prompt_token_ids(engine.tokenizer, n)
-            prefill.append((n, _median_s(lambda tk=tokens: engine.prefill(tk), plan.repeats)))
+            prefill.append((n, median_seconds(partial(engine.prefill, tokens), plan.repeats)))
             blocks = cache_to_blocks(engine.prefill(tokens).cache, tokens, engine.identity, bt)
             resume.append(
-                (n * bpt, _median_s(lambda b=blocks: blocks_to_cache(b, engine.identity, engine.config), plan.repeats))
+                (
+                    n * bpt,
+                    median_seconds(partial(blocks_to_cache, blocks, engine.identity, engine.config), plan.repeats),
+                )
             )
         out["prefill_samples"], out["resume_samples"] = prefill, resume
     sizes = [n * bpt for n in plan.probe_tokens]
@@ -77,7 +72,7 @@ def sweep_side(t: MessageTransport, role: int, peer: str, plan: SweepPlan) -> di
     for n in plan.contexts:
         tokens = prompt_token_ids(engine.tokenizer, n)
         if role == 1:
-            recompute = _median_s(lambda tk=tokens: engine.prefill(tk), plan.repeats)
+            recompute = median_seconds(partial(engine.prefill, tokens), plan.repeats)
             t.send_control(peer, GO, b"g")
             t.recv_control(peer, READY, 1)
             recv_s, resume_s = [], []

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from graphflow.kv.state import KVState, Lineage, Placement, Positions, RopeInfo
 
 if TYPE_CHECKING:
-    from graphflow.kv.manager import ReplicaInfo, StateRecord
+    from graphflow.kv.events import ReplicaInfo, StateRecord
 
 __all__ = ["STATES_VERSION", "read_states", "write_states"]
 
@@ -59,7 +59,7 @@ def write_states(
 
 
 def read_states(path: Path) -> tuple[list[StateRecord], list[ReplicaInfo], int]:
-    from graphflow.kv.manager import ReplicaInfo, StateRecord
+    from graphflow.kv.events import ReplicaInfo, StateRecord
 
     table = pq.read_table(str(path))
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}

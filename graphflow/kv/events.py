@@ -1,0 +1,159 @@
+"""Messages and results of the KV-state manager: replica events, lookups, plans.
+
+Small frozen dataclasses that cross the manager's boundary (and the Ray actor boundary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphflow.kv.block import KVBlock
+from graphflow.kv.catalog import BlockBatch
+from graphflow.kv.state import KVState
+
+__all__ = [
+    "AdmitEvent",
+    "EvictEvent",
+    "EvictionPlan",
+    "NodeLookup",
+    "PrefixMatch",
+    "RecoveryPlan",
+    "RecoveryStep",
+    "ReplicaInfo",
+    "StateRecord",
+    "batch_from_blocks",
+    "take_rows",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    name: str
+    node: str = "localhost"
+    device: str = "cpu"
+    budget_bytes: int = 1 << 30
+    address: str = ""  # transport address peers use to reach it
+
+
+@dataclass(frozen=True, slots=True)
+class StateRecord:
+    """A registered state: the KVState plus the tokens it covers (enough to recompute it).
+
+    Tokens are kept as little-endian int32 bytes (4 bytes a token, not a Python int's ~32).
+    """
+
+    state: KVState
+    token_bytes: bytes
+
+    @classmethod
+    def of(cls, state: KVState, token_ids: Sequence[int]) -> StateRecord:
+        return cls(state, np.asarray(token_ids, dtype="<i4").tobytes())
+
+    @property
+    def token_ids(self) -> list[int]:
+        return np.frombuffer(self.token_bytes, dtype="<i4").tolist()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_bytes) // 4
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AdmitEvent:
+    """A replica stored ``blocks`` and registered ``state`` (whose block keys they cover)."""
+
+    replica: str
+    record: StateRecord
+    blocks: BlockBatch
+
+
+@dataclass(frozen=True, slots=True)
+class EvictEvent:
+    replica: str
+    keys: tuple[int, ...]
+    state_id: str = ""  # when a whole state was released
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    replica: str
+    num_blocks: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLookup:
+    keys: tuple[int, ...]
+    matches: tuple[PrefixMatch, ...]  # best first
+    leased_replica: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionPlan:
+    replica: str
+    keys: tuple[int, ...]
+    freed_bytes: int
+    used_bytes: int
+    budget_bytes: int
+    shortfall_bytes: int  # > 0 when pinned/leased blocks keep the replica over budget
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryStep:
+    action: str  # "reuse" | "transfer" | "recompute"
+    replica: str
+    source: str
+    blocks: tuple[int, int]  # block index range [lo, hi)
+    tokens: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryPlan:
+    state_id: str
+    replica: str
+    steps: tuple[RecoveryStep, ...]
+    lineage: tuple[str, ...] = field(default=())
+
+    @property
+    def recompute_tokens(self) -> int:
+        return sum(s.tokens[1] - s.tokens[0] for s in self.steps if s.action == "recompute")
+
+
+def batch_from_blocks(
+    blocks: Sequence[KVBlock], replica: str, state_id: str, kind: str = "context", op: str = "", path_hash: int = 0
+) -> BlockBatch:
+    """The catalog rows for blocks a replica just stored."""
+    return BlockBatch(
+        replica=replica,
+        state=state_id,
+        key=np.array([b.key for b in blocks], dtype=np.uint64),
+        parent_key=np.array([b.parent_key for b in blocks], dtype=np.uint64),
+        position_offset=np.array([b.position_offset for b in blocks], dtype=np.int32),
+        num_tokens=np.array([b.num_tokens for b in blocks], dtype=np.int16),
+        nbytes=np.array([b.nbytes for b in blocks], dtype=np.int32),
+        checksum=np.array([b.checksum for b in blocks], dtype=np.uint64),
+        kind=kind,
+        op=op,
+        path_hash=path_hash,
+    )
+
+
+def take_rows(batch: BlockBatch, mask: np.ndarray) -> BlockBatch:
+    if mask.all():
+        return batch
+    return BlockBatch(
+        replica=batch.replica,
+        state=batch.state,
+        key=batch.key[mask],
+        parent_key=batch.parent_key[mask],
+        position_offset=batch.position_offset[mask],
+        num_tokens=batch.num_tokens[mask],
+        nbytes=batch.nbytes[mask],
+        checksum=batch.checksum[mask],
+        kind=batch.kind,
+        op=batch.op,
+        path_hash=batch.path_hash,
+    )
