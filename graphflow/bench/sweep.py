@@ -51,7 +51,7 @@ def sweep_side(t: MessageTransport, role: int, peer: str, plan: SweepPlan) -> di
     bpt, bt = engine.kv_bytes_per_token(), 16
     ids = itertools.count(100)
     out: dict[str, Any] = {"role": role, "kv_bytes_per_token": bpt, "config_hash": engine.identity.config_hash}
-    cal = [n for n in plan.calib_lengths if n <= max(plan.contexts)]
+    cal = _calib_lengths(plan)
     if role == 1:
         prefill, resume = [], []
         for n in cal:
@@ -100,6 +100,15 @@ def sweep_side(t: MessageTransport, role: int, peer: str, plan: SweepPlan) -> di
                 t.recv_control(peer, ACK, 1)
     out["rows"] = rows
     return out
+
+
+def _calib_lengths(plan: SweepPlan) -> list[int]:
+    """Calibration lengths up to the largest context, never on the sweep grid; at least three."""
+    top = max(plan.contexts)
+    cal = [n for n in plan.calib_lengths if n <= top]
+    if len(cal) < 3:
+        cal = sorted({max(2, int(top * f)) for f in (0.07, 0.23, 0.61, 0.93)} - set(plan.contexts))
+    return cal
 
 
 def _spec_for(engine: Engine, tokens: list[int], bt: int, peer: str, transfer_id: int) -> TransferSpec:
