@@ -98,6 +98,7 @@ class WorkflowExecutor:
         decisions: list[Decision] = []
         in_flight: dict[Any, tuple[str, Decision, list[Any]]] = {}
         load = {r: 0 for r in c.replicas}
+        transferring: set[str] = set()  # replicas with a transfer in flight
         rr = itertools.cycle(c.replicas)
         while len(results) < len(gs.nodes):
             launched = {v[0] for v in in_flight.values()}
@@ -108,6 +109,10 @@ class WorkflowExecutor:
                 ctx = self._context(node.id, node.preds, node.state_parent, node.template, tokens, results, task_ids)
                 tokens[nid] = ctx
                 d = self._decide(ctx, load) if reuse else self._recompute(ctx, next(rr))
+                if d.option is Option.TRANSFER and d.replica in transferring:
+                    continue  # NOTE: wait for the transfer in flight; the prefix will then be local
+                if d.option is Option.TRANSFER:
+                    transferring.add(d.replica)
                 handles = self._launch(run_id, nid, ctx, d, reuse, node.preds)
                 in_flight[handles[0]] = (nid, d, handles)
                 load[d.replica] += 1
@@ -117,6 +122,8 @@ class WorkflowExecutor:
                 c.get(h)  # the source replica's send
             res: NodeResult = c.get(done)
             load[d.replica] -= 1
+            if d.option is Option.TRANSFER:
+                transferring.discard(d.replica)
             if res.admit is not None and reuse:
                 c.manager("apply", [res.admit], 0.0)
             results[nid] = res
