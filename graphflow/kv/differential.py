@@ -1,0 +1,107 @@
+"""Differential KV (GraphFlow): a template's KV as base + sparse residual.
+
+* ``base(v)``: the KV of operation v's template tokens computed with no prefix, at positions
+  ``[0, n_v)``.
+* ``residual(P, v) = KV_exact(v | P) − rerotate(base(v), |P|)``: what the prefix P changes
+  beyond moving the keys to their positions (values are not rotated).
+* Stored sparse: keep entries with ``|Δ| > ε`` (or the top-energy fraction); its size counts
+  indices and values. ``KV(P, v) ≈ rerotate(base(v), |P|) + ΔKV(P, v)``.
+
+Tensors are ``[layers, 2, kv_heads, tokens, head_dim]`` like a block (K at index 0, V at 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from graphflow.kv.packing import stack_cache
+from graphflow.kv.rope import rerotate_keys
+from graphflow.kv.state import RopeInfo
+from graphflow.models.engine import Engine
+
+__all__ = ["SparseResidual", "base_kv", "near_zero_fractions", "reconstruct", "rerotate_kv", "residual",
+           "sparsify", "template_kv"]  # fmt: skip
+
+
+@torch.inference_mode()
+def template_kv(engine: Engine, template_ids: Sequence[int], prefix_ids: Sequence[int] = ()) -> torch.Tensor:
+    """KV of ``template_ids`` computed after ``prefix_ids`` (exact), template tokens only."""
+    if not template_ids:
+        raise ValueError("the template has no tokens")
+    cache = engine.prefill(list(prefix_ids)).cache if prefix_ids else None
+    out = engine.prefill(list(template_ids), cache)
+    return stack_cache(out.cache, len(prefix_ids)).float()
+
+
+def base_kv(engine: Engine, template_ids: Sequence[int]) -> torch.Tensor:
+    """``base(v)``: the template's KV with no prefix, positions ``[0, n_v)``."""
+    return template_kv(engine, template_ids)
+
+
+def rerotate_kv(kv: torch.Tensor, offset: int, rope: RopeInfo) -> torch.Tensor:
+    """Move a KV tensor by ``offset`` positions: keys re-rotated, values unchanged."""
+    return torch.stack((rerotate_keys(kv[:, 0], offset, rope), kv[:, 1]), dim=1)
+
+
+def residual(exact: torch.Tensor, base: torch.Tensor, offset: int, rope: RopeInfo | None) -> torch.Tensor:
+    """Dense ΔKV = exact − (re-rotated) base; ``rope=None`` skips re-rotation (the ablation)."""
+    if exact.shape != base.shape:
+        raise ValueError(f"exact {tuple(exact.shape)} and base {tuple(base.shape)} KV differ in shape")
+    moved = rerotate_kv(base, offset, rope) if rope is not None else base
+    return exact - moved
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SparseResidual:
+    shape: tuple[int, ...]
+    indices: torch.Tensor  # int32 flat indices
+    values: torch.Tensor  # float16 values
+
+    @property
+    def nbytes(self) -> int:
+        """Real bytes held: indices plus values."""
+        return self.indices.numel() * self.indices.element_size() + self.values.numel() * self.values.element_size()
+
+    def dense(self) -> torch.Tensor:
+        out = torch.zeros(int(torch.tensor(self.shape).prod()), dtype=torch.float32)
+        out[self.indices.long()] = self.values.float()
+        return out.reshape(self.shape)
+
+
+def sparsify(delta: torch.Tensor, eps: float | None = None, keep_fraction: float | None = None) -> SparseResidual:
+    """Keep entries with ``|Δ| > eps``, or the largest ``keep_fraction`` of them by magnitude."""
+    if (eps is None) == (keep_fraction is None):
+        raise ValueError("give exactly one of eps or keep_fraction")
+    flat = delta.reshape(-1)
+    if eps is not None:
+        idx = torch.nonzero(flat.abs() > eps).squeeze(1)
+    else:
+        assert keep_fraction is not None
+        if not 0 <= keep_fraction <= 1:
+            raise ValueError(f"keep_fraction must lie in [0, 1], got {keep_fraction}")
+        k = int(round(keep_fraction * flat.numel()))
+        idx = torch.topk(flat.abs(), k).indices if k else torch.zeros(0, dtype=torch.long)
+    return SparseResidual(tuple(delta.shape), idx.to(torch.int32), flat[idx].to(torch.float16))
+
+
+def reconstruct(base: torch.Tensor, delta: SparseResidual | None, offset: int, rope: RopeInfo) -> torch.Tensor:
+    """``rerotate(base, offset) + Δ`` (stateless when ``delta`` is None)."""
+    moved = rerotate_kv(base, offset, rope)
+    return moved if delta is None else moved + delta.dense()
+
+
+def near_zero_fractions(
+    delta: torch.Tensor, reference: torch.Tensor, eps_rel: float
+) -> tuple[list[float], list[float]]:
+    """Per layer, the fraction of K and of V residual entries with ``|Δ| ≤ eps_rel · mean|ref|``
+    (mean over that layer's K, resp. V, of the exact KV)."""
+    k_frac: list[float] = []
+    v_frac: list[float] = []
+    for layer in range(delta.shape[0]):
+        for which, acc in ((0, k_frac), (1, v_frac)):
+            thr = eps_rel * reference[layer, which].abs().mean()
+            acc.append(float((delta[layer, which].abs() <= thr).float().mean()))
+    return k_frac, v_frac
