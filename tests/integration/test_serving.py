@@ -12,6 +12,7 @@ import pytest
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ENV = {**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"}
+HEAD = "127.0.0.1:6379"
 
 
 def _cli(*args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -27,7 +28,7 @@ def _last_json(proc: subprocess.CompletedProcess[str]) -> dict:
 
 
 def test_serve_submit_status_shutdown():
-    _cli("shutdown", "--json", check=False)  # a clean slate if an earlier run left a head
+    _cli("shutdown", "--address", HEAD, "--json", check=False)  # a clean slate if an earlier run left a head
     try:
         served = _last_json(_cli("serve", "--model", "tiny-llama", "--replicas", "2", "--detach", "--json"))
         assert served["replicas"] == ["graphflow-replica-0", "graphflow-replica-1"]
@@ -38,7 +39,7 @@ def test_serve_submit_status_shutdown():
         wrong = _cli("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--model", "smollm2-135m",
                      check=False)  # fmt: skip
         assert wrong.returncode == 2 and "serves 'tiny-llama', not 'smollm2-135m'" in wrong.stderr
-        status = _last_json(_cli("status", "--json"))
+        status = _last_json(_cli("status", "--address", HEAD, "--json"))
         assert len(status["replicas"]) == 2 and any(r["blocks"] > 0 for r in status["replicas"])
         assert sum(r["hits"] for r in status["replicas"]) > 0
         bad = subprocess.run([sys.executable, "-m", "graphflow.cli", "status", "--address", "127.0.0.1:6379"],
@@ -46,7 +47,7 @@ def test_serve_submit_status_shutdown():
                              env={**ENV, "RAY_AUTH_TOKEN": "not-the-token-0123456789"})  # fmt: skip
         assert bad.returncode == 2 and "token" in bad.stderr.splitlines()[-1]
     finally:
-        stopped = _last_json(_cli("shutdown", "--json"))
+        stopped = _last_json(_cli("shutdown", "--address", HEAD, "--json"))
     assert len(stopped["stopped"]) == 2
     unreachable = _cli("status", "--address", "127.0.0.1:6390", check=False, timeout=120)
     assert unreachable.returncode == 2
