@@ -104,7 +104,9 @@ class RayTransport(Transport):
 
         async def run() -> Received:
             key = (spec.peer, self._address, spec.transfer_id)
-            header, refs = await self._mailbox.take.remote(key, self.config.timeout_s)
+            # NOTE: the mailbox waits a little longer than our own deadline, so a missing sender
+            # always surfaces here as TransferTimeout (not as the actor's own timeout error).
+            header, refs = await self._mailbox.take.remote(key, self.config.timeout_s + 5.0)
             headers = decode_header(header, limits)
             self._check_received(spec, headers)
             (arrays,) = await asyncio.gather(*refs)
