@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any
 
 from graphflow.bench.timing import median_seconds
+from graphflow.checks.transfer import spec_for_prompt
 from graphflow.kv.codec import from_wire, to_wire
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
@@ -78,7 +79,7 @@ def sweep_side(t: MessageTransport, role: int, peer: str, plan: SweepPlan) -> di
             recv_s, resume_s = [], []
             for r in range(plan.repeats + 1):
                 t0 = time.perf_counter()
-                got = t.recv(_spec_for(engine, tokens, bt, peer, next(ids)))
+                got = t.recv(spec_for_prompt(engine.identity, tokens, bt, peer, next(ids)))
                 t1 = time.perf_counter()
                 cache = blocks_to_cache(from_wire(got.headers, got.tensors), engine.identity, engine.config)
                 t2 = time.perf_counter()
@@ -109,13 +110,6 @@ def _calib_lengths(plan: SweepPlan) -> list[int]:
     if len(cal) < 3:
         cal = sorted({max(2, int(top * f)) for f in (0.07, 0.23, 0.61, 0.93)} - set(plan.contexts))
     return cal
-
-
-def _spec_for(engine: Engine, tokens: list[int], bt: int, peer: str, transfer_id: int) -> TransferSpec:
-    from graphflow.checks.transfer import spec_for_prompt
-
-    spec = spec_for_prompt(engine.identity, tokens, bt, peer)
-    return TransferSpec(transfer_id, peer, spec.block_keys, spec.nbytes)
 
 
 def analyse(result: dict[str, Any], model: str, link_name: str) -> tuple[list[dict[str, Any]], Profile]:

@@ -45,7 +45,9 @@ class TransferCheck:
     block_tokens: int = 16
 
 
-def spec_for_prompt(identity: ModelIdentity, ids: list[int], block_tokens: int, peer: str) -> TransferSpec:
+def spec_for_prompt(
+    identity: ModelIdentity, ids: list[int], block_tokens: int, peer: str, transfer_id: int = TRANSFER_ID
+) -> TransferSpec:
     """The transfer spec a receiver derives from the prompt alone (keys and byte sizes)."""
     keys = chain_keys(ids, identity.model_key, block_tokens)
     itemsize = getattr(torch, identity.layout.dtype).itemsize
@@ -53,7 +55,7 @@ def spec_for_prompt(identity: ModelIdentity, ids: list[int], block_tokens: int, 
         identity.layout.bytes_per_token(itemsize) * min(block_tokens, len(ids) - lo)
         for lo in range(0, len(ids), block_tokens)
     ]
-    return TransferSpec(TRANSFER_ID, peer, tuple(keys), tuple(sizes))
+    return TransferSpec(transfer_id, peer, tuple(keys), tuple(sizes))
 
 
 def send_side(check: TransferCheck, transport: Transport, peer: str, rendezvous: Path) -> dict[str, Any]:

@@ -193,8 +193,7 @@ class ReplicaWorker:
 
         bt = self.config.block_tokens
         n = len(ids) // bt * bt
-        spec = spec_for_prompt(self.engine.identity, ids[:n], bt, run.transfer_from)
-        spec = TransferSpec(run.transfer_id, run.transfer_from, spec.block_keys, spec.nbytes)
+        spec = spec_for_prompt(self.engine.identity, ids[:n], bt, run.transfer_from, run.transfer_id)
         got = self.transport.recv(spec)
         blocks = from_wire(got.headers, got.tensors)
         if self.store.add_state(blocks, Lineage("transfer"), f"{run.state_id}:transfer") is None:
@@ -216,15 +215,10 @@ class ReplicaWorker:
     def probe(self, peer: str, nbytes: int, transfer_id: int, send: bool) -> float:
         """One synthetic transfer of ``nbytes`` in blocks of this model's block size, to or
         from ``peer``; returns the receiver's measured seconds (0 on the sending side)."""
-        from transport.wire import BlockHeader, checksum
+        from transport.probe import probe_blocks
 
-        block = self.engine.kv_bytes_per_token() * self.config.block_tokens
-        n = max(1, nbytes // block)
-        headers = [BlockHeader(i + 1, i, 0, (), "uint8", (block,), block, 0) for i in range(n)]
+        headers, tensors = probe_blocks(nbytes, self.engine.kv_bytes_per_token() * self.config.block_tokens)
         if send:
-            tensors = [torch.full((block,), i % 251, dtype=torch.uint8) for i in range(n)]
-            headers = [BlockHeader(h.key, h.parent_key, 0, (), "uint8", (block,), block, checksum(t))
-                       for h, t in zip(headers, tensors, strict=True)]  # fmt: skip
             self.transport.send(TransferSpec.for_headers(transfer_id, peer, headers), headers, tensors)
             return 0.0
         start = time.perf_counter()
