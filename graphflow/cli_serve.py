@@ -76,6 +76,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     ) -> None:
         """Start the KV manager and N replica actors (named, so clients can attach)."""
+        from graphflow.client import CALIBRATION_KEY, calibrate_cluster
         from graphflow.models.registry import resolve
         from graphflow.runtime.actors import RayCluster
         from graphflow.runtime.cluster import connect, start_head
@@ -89,11 +90,16 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             ray = connect("auto")
         say(f"starting {replicas} replicas of {model}")
         cluster = RayCluster.start(ray, model, replicas, capacity_mib << 20, detached=True)
+        say("measuring prefill and replica-to-replica transfer costs for the scheduler")
+        calibration = calibrate_cluster(cluster)
+        cluster.share(CALIBRATION_KEY, calibration)
         info = {
             "address": head,
             "client_address": head.replace(":6379", ":10001") if "ray://" not in head else head,
             "replicas": cluster.replicas,
             "model": model,
+            "link_bandwidth_bytes_per_s": calibration.link.bandwidth_bytes_per_s,
+            "link_latency_s": calibration.link.latency_s,
         }
         if json_out:
             emit(info)
@@ -120,12 +126,15 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         model: str = typer.Option("", help="Model the task is meant for ('' = whatever is served)."),
         decode: int = typer.Option(16, help="Tokens each node generates."),
         no_reuse: bool = typer.Option(False, "--no-reuse", help="Turn every KV reuse and transfer off."),
+        recalibrate: bool = typer.Option(
+            False, "--recalibrate", help="Re-measure costs instead of using the ones `serve` measured."
+        ),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     ) -> None:
         """Submit a task to a running deployment; prints the output and the per-node trace."""
         from graphflow.client import connect
 
-        client = connect(address, decode_steps=decode)
+        client = connect(address, decode_steps=decode, recalibrate=recalibrate)
         served = client.status()[0]["model"]
         if model and model != served:
             raise ValueError(f"this deployment serves {served!r}, not {model!r}; submit to one that serves {model}")

@@ -1,17 +1,17 @@
 """Ray-client submission API: ``connect(address).run(task=...)``.
 
 ``connect()`` with no address starts an embedded local Ray and a deployment (tests, laptop);
-``connect("ray://host:10001")`` attaches to a deployment started by ``graphflow serve``. On
-connect the client calibrates the scheduler against the live replicas (a few prefills and two
-probe transfers), so every decision uses measured costs.
+``connect("ray://host:10001")`` attaches to a deployment started by ``graphflow serve``.
+Decisions use costs measured on the live replicas (a few prefills, and probe transfers at three
+sizes, fastest of three each): ``graphflow serve`` measures them once and shares them on the
+deployment's board; an embedded or recalibrating client measures its own.
 """
 
 from __future__ import annotations
 
-import itertools
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from graphflow.runtime.executor import RunResult, WorkflowExecutor
 from graphflow.workflow.compile import compile_workflow
@@ -19,13 +19,47 @@ from graphflow.workflow.corpus import Workflow
 from scheduler.calibrate import fit_link, fit_prefill
 from scheduler.cost import LinkSpec
 from scheduler.policy import Policy
+from transport.base import transfer_ids
 
-__all__ = ["Client", "calibrate_cluster", "connect"]
+__all__ = ["CALIBRATION_KEY", "Calibration", "Client", "calibrate_cluster", "connect", "measure_link"]
 
-_probe_ids = itertools.count(1 << 30)
+_probe_ids = transfer_ids()
 
 
-def calibrate_cluster(cluster: Any) -> tuple[Policy, LinkSpec, int, str]:
+class Calibration(NamedTuple):
+    """Measured costs the executor decides with."""
+
+    policy: Policy
+    link: LinkSpec
+    kv_bytes_per_token: int
+    model_key: str
+
+
+LINK_PROBE_BYTES = (1 << 20, 4 << 20, 16 << 20)
+LINK_PROBE_REPEATS = 3
+
+
+def measure_link(cluster: Any, src: str, dst: str, sizes: tuple[int, ...] = LINK_PROBE_BYTES,
+                 repeats: int = LINK_PROBE_REPEATS) -> list[tuple[int, float]]:  # fmt: skip
+    """Probe transfers ``src`` → ``dst``: one warm-up, then the fastest of ``repeats`` per size.
+
+    The receiver's clock starts when its call begins, so a late sender call only adds delay;
+    the minimum over repeats is therefore the estimate least disturbed by a busy machine.
+    """
+    a_src, a_dst = (cluster.get(cluster.call(r, "address")) for r in (src, dst))
+
+    def once(nbytes: int) -> float:
+        tid = next(_probe_ids)
+        send = cluster.call(src, "probe", a_dst, nbytes, tid, True)
+        recv = cluster.call(dst, "probe", a_src, nbytes, tid, False)
+        cluster.get(send)
+        return float(cluster.get(recv))
+
+    once(sizes[0])  # connection setup and first-touch allocations
+    return [(n, min(once(n) for _ in range(repeats))) for n in sizes]
+
+
+def calibrate_cluster(cluster: Any) -> Calibration:
     """Measure prefill on the first replica and the replica-to-replica link (if two)."""
     r0 = cluster.replicas[0]
     prefill = fit_prefill(cluster.get(cluster.call(r0, "prefill_seconds", [64, 256, 1024, 2048])))
@@ -34,16 +68,13 @@ def calibrate_cluster(cluster: Any) -> tuple[Policy, LinkSpec, int, str]:
     link = LinkSpec("none", 1.0, 1e9)  # one replica: transfers are never chosen
     if len(cluster.replicas) > 1:
         r1 = cluster.replicas[1]
-        a0, a1 = (cluster.get(cluster.call(r, "address")) for r in (r0, r1))
-        samples = []
-        for nbytes in (256 << 10, 1 << 20, 4 << 20):
-            tid = next(_probe_ids)
-            send = cluster.call(r0, "probe", a1, nbytes, tid, True)
-            recv = cluster.call(r1, "probe", a0, nbytes, tid, False)
-            cluster.get(send)
-            samples.append((nbytes, cluster.get(recv)))
-        link = fit_link(samples, "replica-link", r0, r1)
-    return Policy(prefill), link, bpt, model_key
+        samples = measure_link(cluster, r0, r1)
+        try:
+            link = fit_link(samples, "replica-link", r0, r1)
+        except ValueError:  # still noise-bound: measure once more with four times the sizes
+            samples = measure_link(cluster, r0, r1, tuple(4 * n for n in LINK_PROBE_BYTES))
+            link = fit_link(samples, "replica-link", r0, r1)
+    return Calibration(Policy(prefill), link, bpt, model_key)
 
 
 @dataclass
@@ -66,8 +97,16 @@ class Client:
         return self.cluster.stats()
 
 
-def connect(address: str | None = None, model: str = "tiny-llama", replicas: int = 2, decode_steps: int = 16) -> Client:
-    """Attach to a deployment at ``address``, or start an embedded one when it is ``None``."""
+CALIBRATION_KEY = "calibration"
+
+
+def connect(address: str | None = None, model: str = "tiny-llama", replicas: int = 2, decode_steps: int = 16,
+            recalibrate: bool = False) -> Client:  # fmt: skip
+    """Attach to a deployment at ``address``, or start an embedded one when it is ``None``.
+
+    An attached client uses the calibration ``graphflow serve`` measured and shared, unless
+    there is none, it was measured for another model, or ``recalibrate`` asks for a new one.
+    """
     from graphflow.runtime.actors import RayCluster
     from graphflow.runtime.cluster import connect as ray_connect
     from graphflow.runtime.cluster import start_local
@@ -75,8 +114,16 @@ def connect(address: str | None = None, model: str = "tiny-llama", replicas: int
     if address is None:
         ray = start_local()
         cluster = RayCluster.start(ray, model, replicas)
+        calibration = calibrate_cluster(cluster)
     else:
         ray = ray_connect(address)
         cluster = RayCluster.attach(ray)
-    policy, link, bpt, model_key = calibrate_cluster(cluster)
+        shared = None if recalibrate else cluster.shared(CALIBRATION_KEY)
+        served = cluster.get(cluster.call(cluster.replicas[0], "model_key"))
+        if isinstance(shared, Calibration) and shared.model_key == served:
+            calibration = shared
+        else:
+            calibration = calibrate_cluster(cluster)
+            cluster.share(CALIBRATION_KEY, calibration)
+    policy, link, bpt, model_key = calibration
     return Client(cluster, WorkflowExecutor(cluster, policy, link, bpt, model_key, decode_steps))

@@ -22,11 +22,13 @@ received tensors are dropped and a :class:`TransportError` subclass is raised.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import secrets
 import struct
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -45,7 +47,22 @@ from transport.wire import (
     verify,
 )
 
-__all__ = ["MessageTransport", "Received", "TransferSpec", "TransferStats", "Transport", "TransportConfig"]
+__all__ = [
+    "MessageTransport",
+    "Received",
+    "TransferSpec",
+    "TransferStats",
+    "Transport",
+    "TransportConfig",
+    "transfer_ids",
+]
+
+
+def transfer_ids() -> Iterator[int]:
+    """Transfer ids for one client process: consecutive from a random 48-bit start, so two
+    processes driving the same pair of replicas do not reuse each other's ids."""
+    return itertools.count(secrets.randbits(48))
+
 
 _PREAMBLE = struct.Struct("<4sHQ")
 _MAGIC = b"GFKV"

@@ -3,6 +3,8 @@
 * ``ReplicaWorker`` → named actor ``graphflow-replica-<i>`` (threaded: a replica can send
   blocks while it runs a node);
 * ``KVStateManager`` → named, detached actor ``graphflow-manager`` shared by every client;
+* ``Board`` → named actor ``graphflow-board``: values the deployment shares with its clients
+  (the calibration measured at ``graphflow serve``, so clients need not re-measure);
 * ``CallWorker`` → a process that runs a named function (two-process checks on Ray).
 """
 
@@ -15,14 +17,28 @@ from typing import Any
 from graphflow.kv.manager import KVStateManager, ReplicaInfo
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 
-__all__ = ["MANAGER_NAME", "CallWorker", "RayCluster", "call_worker", "replica_name"]
+__all__ = ["BOARD_NAME", "MANAGER_NAME", "Board", "CallWorker", "RayCluster", "call_worker", "replica_name"]
 
 MANAGER_NAME = "graphflow-manager"
+BOARD_NAME = "graphflow-board"
 NAMESPACE = "graphflow"
 
 
 def replica_name(i: int) -> str:
     return f"graphflow-replica-{i}"
+
+
+class Board:
+    """Named values shared by a deployment and its clients."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+
+    def put(self, key: str, value: Any) -> None:
+        self._values[key] = value
+
+    def get(self, key: str) -> Any:
+        return self._values.get(key)
 
 
 class CallWorker:
@@ -41,11 +57,12 @@ def call_worker(ray: Any, **options: Any) -> Any:
 class RayCluster:
     """Replica actors + manager actor; satisfies ``runtime.executor.Cluster``."""
 
-    def __init__(self, ray: Any, replicas: list[str], handles: dict[str, Any], manager: Any) -> None:
+    def __init__(self, ray: Any, replicas: list[str], handles: dict[str, Any], manager: Any, board: Any) -> None:
         self.ray = ray
         self.replicas = replicas
         self.handles = handles
         self._manager = manager
+        self._board = board
 
     @classmethod
     def start(cls, ray: Any, model: str, n: int, capacity_bytes: int = 1 << 30, detached: bool = False) -> RayCluster:
@@ -55,6 +72,8 @@ class RayCluster:
         life = {"lifetime": "detached"} if detached else {}
         manager = ray.remote(KVStateManager).options(name=MANAGER_NAME, namespace=NAMESPACE, get_if_exists=True,
                                                      num_cpus=0, **life).remote()  # fmt: skip
+        board = ray.remote(Board).options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0,
+                                          **life).remote()  # fmt: skip
         names = [replica_name(i) for i in range(n)]
         handles = {}
         for name in names:
@@ -66,7 +85,7 @@ class RayCluster:
         addresses = ray.get([handles[n_].address.remote() for n_ in names])
         ray.get([manager.add_replica.remote(ReplicaInfo(n_, budget_bytes=capacity_bytes, address=a))
                  for n_, a in zip(names, addresses, strict=True)])  # fmt: skip
-        return cls(ray, names, handles, manager)
+        return cls(ray, names, handles, manager, board)
 
     @classmethod
     def attach(cls, ray: Any) -> RayCluster:
@@ -78,7 +97,9 @@ class RayCluster:
         infos = ray.get(manager.list_replicas.remote())
         names = [i.name for i in infos]
         handles = {n: ray.get_actor(n, namespace=NAMESPACE) for n in names}
-        return cls(ray, names, handles, manager)
+        board = ray.remote(Board).options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0,
+                                          lifetime="detached").remote()  # fmt: skip
+        return cls(ray, names, handles, manager, board)
 
     def call(self, replica: str, method: str, *args: Any) -> Any:
         return getattr(self.handles[replica], method).remote(*args)
@@ -93,6 +114,13 @@ class RayCluster:
     def get(self, handle: Any) -> Any:
         return self.ray.get(handle)
 
+    def shared(self, key: str) -> Any:
+        """A value the deployment shares with clients (``None`` if never set)."""
+        return self.ray.get(self._board.get.remote(key))
+
+    def share(self, key: str, value: Any) -> None:
+        self.ray.get(self._board.put.remote(key, value))
+
     def stats(self) -> list[dict[str, Any]]:
         """Replica memory and blocks, with the manager's prefix-hit counts per replica."""
         hits = self.manager("hit_stats")
@@ -100,5 +128,5 @@ class RayCluster:
         return [{**s, **hits.get(s["replica"], {})} for s in stats]
 
     def shutdown(self) -> None:
-        for h in [*self.handles.values(), self._manager]:
+        for h in [*self.handles.values(), self._manager, self._board]:
             self.ray.kill(h)

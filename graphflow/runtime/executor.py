@@ -21,6 +21,7 @@ from graphflow.runtime.replica import NodeResult, NodeRun
 from graphflow.workflow.compile import ROOT, ExecGraph
 from scheduler.cost import LinkSpec
 from scheduler.policy import Decision, Option, Policy, RemoteCopy, StateRequest, place
+from transport.base import transfer_ids
 
 __all__ = ["Cluster", "NodeTrace", "RunResult", "WorkflowExecutor"]
 
@@ -72,7 +73,7 @@ class RunResult:
 class WorkflowExecutor:
     """Args: ``policy`` calibrated costs; ``link`` the measured replica-to-replica link."""
 
-    _ids = itertools.count(1)
+    _ids = transfer_ids()
 
     def __init__(self, cluster: Cluster, policy: Policy, link: LinkSpec, kv_bytes_per_token: int,
                  model_key: str, decode_steps: int = 16) -> None:  # fmt: skip

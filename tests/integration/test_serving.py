@@ -32,6 +32,7 @@ def test_serve_submit_status_shutdown():
     try:
         served = _last_json(_cli("serve", "--model", "tiny-llama", "--replicas", "2", "--detach", "--json"))
         assert served["replicas"] == ["graphflow-replica-0", "graphflow-replica-1"]
+        assert served["link_bandwidth_bytes_per_s"] > 0  # measured once at serve, shared with clients
         task = "Add 17 and 25, then double the result. " * 6
         result = _last_json(_cli("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--decode", "4",
                                  "--json"))  # fmt: skip

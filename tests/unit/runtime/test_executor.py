@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from graphflow.client import calibrate_cluster, measure_link
 from graphflow.runtime.executor import WorkflowExecutor
 from graphflow.runtime.local import LocalCluster
 from graphflow.runtime.replica import NodeRun
@@ -65,3 +66,12 @@ def test_status_reports_prefix_hits(cluster):
     assert set(stats) == {"replica-0", "replica-1"}
     assert stats["replica-0"]["hits"] > 0 and 0 < stats["replica-0"]["hit_rate"] <= 1
     assert stats["replica-0"]["blocks"] > 0
+
+
+def test_calibrate_cluster_measures_a_link_that_grows_with_size(cluster):
+    cal = calibrate_cluster(cluster)
+    assert cal.link.bandwidth_bytes_per_s > 0 and cal.link.latency_s >= 0
+    assert cal.kv_bytes_per_token == cluster.workers["replica-0"].kv_bytes_per_token()
+    assert cal.model_key == cluster.workers["replica-1"].model_key()
+    samples = measure_link(cluster, "replica-0", "replica-1", sizes=(1 << 16, 1 << 22), repeats=2)
+    assert [n for n, _ in samples] == [1 << 16, 1 << 22] and all(t > 0 for _, t in samples)
