@@ -7,6 +7,14 @@
 * Stored sparse: keep entries with ``|Δ| > ε`` (or the top-energy fraction); its size counts
   indices and values. ``KV(P, v) ≈ rerotate(base(v), |P|) + ΔKV(P, v)``.
 
+A residual shared by every execution of one prefix path is stored in the *position-0 frame*,
+``Δ₀ = rerotate(KV_exact, −|P|) − base(v)``, so it applies at any offset:
+``KV(P, v) ≈ rerotate(base(v) + Δ₀, |P|)``. ``ResidualCodec`` stores Δ₀ dense (float16) or
+sparse per row (the largest ``keep_per_row`` channels of each (layer, K/V, head, token) row,
+uint8 channel indices + float16 values), optionally with the first ``sink_tokens`` template
+tokens dense: the base is computed with no prefix, so its first tokens act as an attention
+sink and carry most of the residual.
+
 Tensors are ``[layers, 2, kv_heads, tokens, head_dim]`` like a block (K at index 0, V at 1).
 """
 
@@ -22,8 +30,8 @@ from graphflow.kv.rope import rerotate_keys
 from graphflow.kv.state import RopeInfo
 from graphflow.models.engine import Engine
 
-__all__ = ["SparseResidual", "base_kv", "near_zero_fractions", "reconstruct", "rerotate_kv", "residual",
-           "sparsify", "template_kv"]  # fmt: skip
+__all__ = ["EncodedResidual", "ResidualCodec", "SparseResidual", "apply_residual", "base_kv", "frame0_residual",
+           "near_zero_fractions", "reconstruct", "rerotate_kv", "residual", "sparsify", "template_kv"]  # fmt: skip
 
 
 @torch.inference_mode()
@@ -105,3 +113,71 @@ def near_zero_fractions(
             thr = eps_rel * reference[layer, which].abs().mean()
             acc.append(float((delta[layer, which].abs() <= thr).float().mean()))
     return k_frac, v_frac
+
+
+def frame0_residual(exact: torch.Tensor, base: torch.Tensor, offset: int, rope: RopeInfo) -> torch.Tensor:
+    """Δ₀ = rerotate(exact, −offset) − base: the residual moved back to positions ``[0, n)``."""
+    if exact.shape != base.shape:
+        raise ValueError(f"exact {tuple(exact.shape)} and base {tuple(base.shape)} KV differ in shape")
+    return rerotate_kv(exact.float(), -offset, rope) - base.float()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EncodedResidual:
+    """Δ₀ as stored: ``sink`` (dense, first tokens) and the rest dense or per-row sparse."""
+
+    shape: tuple[int, ...]
+    sink: torch.Tensor  # float16 [L, 2, H, s, D]
+    values: torch.Tensor  # float16 [L, 2, H, T - s, m]  (m = D when dense)
+    indices: torch.Tensor | None  # uint8/int16 [L, 2, H, T - s, m], None when dense
+
+    @property
+    def nbytes(self) -> int:
+        """Real bytes held by the stored tensors."""
+        parts = [self.sink, self.values] + ([self.indices] if self.indices is not None else [])
+        return sum(t.numel() * t.element_size() for t in parts)
+
+    def dense(self) -> torch.Tensor:
+        rest = self.values.float()
+        if self.indices is not None:
+            full = torch.zeros((*self.values.shape[:-1], self.shape[-1]), dtype=torch.float32)
+            rest = full.scatter_(-1, self.indices.long(), rest)
+        return torch.cat((self.sink.float(), rest), dim=3)
+
+
+@dataclass(frozen=True, slots=True)
+class ResidualCodec:
+    """How a residual is stored: ``keep_per_row=None`` keeps it dense (float16)."""
+
+    keep_per_row: int | None = None
+    sink_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.keep_per_row is not None and self.keep_per_row < 1:
+            raise ValueError(f"keep_per_row must be at least 1 (or None for dense), got {self.keep_per_row}")
+        if self.sink_tokens < 0:
+            raise ValueError(f"sink_tokens must be non-negative, got {self.sink_tokens}")
+
+    @property
+    def label(self) -> str:
+        rows = "dense" if self.keep_per_row is None else f"top{self.keep_per_row}/row"
+        return f"{rows}+sink{self.sink_tokens}" if self.sink_tokens else rows
+
+    def encode(self, delta: torch.Tensor) -> EncodedResidual:
+        if delta.dim() != 5:
+            raise ValueError(f"a residual is [layers, 2, heads, tokens, head_dim], got shape {tuple(delta.shape)}")
+        s = min(self.sink_tokens, delta.shape[3])
+        sink, rest = delta[:, :, :, :s].half(), delta[:, :, :, s:]
+        head_dim = delta.shape[-1]
+        if self.keep_per_row is None or self.keep_per_row >= head_dim:
+            return EncodedResidual(tuple(delta.shape), sink, rest.half(), None)
+        idx = torch.topk(rest.abs(), self.keep_per_row, dim=-1).indices
+        vals = torch.gather(rest, -1, idx).half()
+        idx_dtype = torch.uint8 if head_dim <= 256 else torch.int16
+        return EncodedResidual(tuple(delta.shape), sink, vals, idx.to(idx_dtype))
+
+
+def apply_residual(base: torch.Tensor, delta: EncodedResidual | None, offset: int, rope: RopeInfo) -> torch.Tensor:
+    """``rerotate(base + Δ₀, offset)`` (float32); stateless (base only) when ``delta`` is None."""
+    kv = base.float() if delta is None else base.float() + delta.dense()
+    return rerotate_kv(kv, offset, rope)

@@ -19,6 +19,7 @@ from graphflow.kv.errors import IncompatibleState
 from graphflow.kv.state import ModelIdentity
 
 __all__ = [
+    "cache_from_tensor",
     "blocks_to_cache",
     "cache_length",
     "cache_nbytes",
@@ -136,7 +137,12 @@ def blocks_to_cache(
     if not blocks:
         raise ValueError("no blocks to rebuild a cache from")
     validate_chain(blocks, identity)
-    full = torch.cat([b.tensor for b in blocks], dim=3).to(device)
+    return cache_from_tensor(torch.cat([b.tensor for b in blocks], dim=3), config, device)
+
+
+def cache_from_tensor(kv: torch.Tensor, config: PretrainedConfig, device: str | torch.device = "cpu") -> DynamicCache:
+    """A batch-1 ``DynamicCache`` holding ``kv`` ``[layers, 2, kv_heads, tokens, head_dim]``."""
+    full = kv.to(device)
     cache = DynamicCache(config=config)
     for layer in range(full.shape[0]):
         cache.update(full[layer, 0].unsqueeze(0).contiguous(), full[layer, 1].unsqueeze(0).contiguous(), layer)

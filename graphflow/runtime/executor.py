@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from graphflow.runtime.replica import NodeResult, NodeRun
-from graphflow.workflow.compile import ROOT, ExecGraph
+from graphflow.workflow.compile import ROOT, ExecGraph, node_context
 from scheduler.cost import LinkSpec
 from scheduler.policy import Decision, Option, Policy, RemoteCopy, StateRequest, place
 from transport.base import transfer_ids
@@ -107,7 +107,8 @@ class WorkflowExecutor:
                 if nid in launched:
                     continue
                 node = gs.node(nid)
-                ctx = self._context(node.id, node.preds, node.state_parent, node.template, tokens, results, task_ids)
+                outs = {k: v.output_ids for k, v in results.items()}
+                ctx = node_context(node, tokens, outs, task_ids, self._encode)
                 tokens[nid] = ctx
                 d = self._decide(ctx, load) if reuse else self._recompute(ctx, next(rr))
                 if d.option is Option.TRANSFER and d.replica in transferring:
@@ -141,18 +142,6 @@ class WorkflowExecutor:
             trace=tuple(traces),
             decisions=tuple(decisions),
         )
-
-    def _context(self, nid: str, preds: tuple[str, ...], parent: str, template: str, tokens: dict[str, list[int]],
-                 results: dict[str, NodeResult], task_ids: Sequence[int]) -> list[int]:  # fmt: skip
-        """Prompt layout of ``workflow.compile``: extend the single predecessor's state, or
-        task context + predecessors' outputs; then the operation's template."""
-        tmpl = self._encode(template)
-        if parent != ROOT:
-            return tokens[parent] + list(results[parent].output_ids) + tmpl
-        ctx = list(task_ids)
-        for p in preds:
-            ctx += self._encode(f"\n[{p}] ") + list(results[p].output_ids)
-        return ctx + tmpl
 
     def _encode(self, text: str) -> list[int]:
         if text not in self._cache:

@@ -17,12 +17,13 @@ candidates) fork the shared task context and prefill their inputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from graphflow.workflow.corpus import Workflow, _topo_order
 from graphflow.workflow.templates import template_for
 
-__all__ = ["ROOT", "ExecGraph", "ExecNode", "compile_workflow"]
+__all__ = ["ROOT", "ExecGraph", "ExecNode", "compile_workflow", "node_context", "node_path"]
 
 ROOT = "ROOT"
 
@@ -70,3 +71,26 @@ def compile_workflow(w: Workflow) -> ExecGraph:
         state_edges=tuple((n.state_parent, n.id) for n in nodes),
         outputs=w.outputs,
     )
+
+
+def node_context(node: ExecNode, contexts: Mapping[str, Sequence[int]], outputs: Mapping[str, Sequence[int]],
+                 task_ids: Sequence[int], encode: Callable[[str], list[int]]) -> list[int]:  # fmt: skip
+    """The node's prompt in the layout above: extend the state parent's context and output, or
+    task context + each predecessor's output; then the operation's template."""
+    tmpl = encode(node.template)
+    if node.state_parent != ROOT:
+        return [*contexts[node.state_parent], *outputs[node.state_parent], *tmpl]
+    ctx = list(task_ids)
+    for p in node.preds:
+        ctx += [*encode(f"\n[{p}] "), *outputs[p]]
+    return ctx + tmpl
+
+
+def node_path(gs: ExecGraph, node_id: str) -> tuple[str, ...]:
+    """The roles whose outputs precede ``node_id``'s template in its prompt, in prompt order
+    (the prefix path P of differential KV; empty when only the task precedes it)."""
+    node = gs.node(node_id)
+    if node.state_parent != ROOT:
+        parent = gs.node(node.state_parent)
+        return (*node_path(gs, parent.id), parent.role)
+    return tuple(gs.node(p).role for p in node.preds)
