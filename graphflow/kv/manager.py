@@ -83,6 +83,17 @@ class KVStateManager:
     def replicas(self) -> list[ReplicaInfo]:
         return list(self._replicas.values())
 
+    def drop_replica(self, name: str) -> int:
+        """Forget a replica that died: every block copy it held is marked gone (pins and leases
+        included: the bytes no longer exist); states keep their lineage, so they can be rebuilt.
+        Returns the number of block copies dropped."""
+        self.replica(name)
+        code = self.catalog.replica_code(name, create=False)
+        rows = np.flatnonzero(self.catalog.col("alive") & (self.catalog.col("replica") == code))
+        self.catalog.kill(rows.astype(np.int64))
+        del self._replicas[name]
+        return len(rows)
+
     def list_replicas(self) -> list[ReplicaInfo]:
         """The registered replicas (a method, so Ray actor callers can ask for it)."""
         return self.replicas

@@ -114,6 +114,17 @@ class RayCluster:
     def get(self, handle: Any) -> Any:
         return self.ray.get(handle)
 
+    def is_replica_failure(self, exc: BaseException) -> bool:
+        from ray.exceptions import RayActorError
+
+        return isinstance(exc, RayActorError)
+
+    def drop_replica(self, replica: str) -> None:
+        """Stop using a replica that died; the manager forgets the blocks it held."""
+        self.replicas = [r for r in self.replicas if r != replica]
+        self.handles.pop(replica, None)
+        self.manager("drop_replica", replica)
+
     def shared(self, key: str) -> Any:
         """A value the deployment shares with clients (``None`` if never set)."""
         return self.ray.get(self._board.get.remote(key))

@@ -13,7 +13,7 @@ workers (unit tests).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,8 +22,11 @@ from graphflow.workflow.compile import ROOT, ExecGraph, node_context
 from scheduler.cost import LinkSpec
 from scheduler.policy import Decision, Option, Policy, RemoteCopy, StateRequest, place
 from transport.base import transfer_ids
+from transport.errors import TransportError
 
-__all__ = ["Cluster", "NodeTrace", "RunResult", "WorkflowExecutor"]
+__all__ = ["FALLBACK", "Cluster", "NodeTrace", "RunResult", "WorkflowExecutor"]
+
+FALLBACK = "fallback: "  # prefix of a decision's reason when a failure forced a recompute
 
 
 class Cluster(Protocol):
@@ -35,6 +38,8 @@ class Cluster(Protocol):
     def manager(self, method: str, *args: Any) -> Any: ...  # returns the value
     def wait_one(self, handles: Sequence[Any]) -> Any: ...  # a finished handle
     def get(self, handle: Any) -> Any: ...
+    def is_replica_failure(self, exc: BaseException) -> bool: ...  # the replica itself is gone
+    def drop_replica(self, replica: str) -> None: ...  # stop using it; the manager forgets its blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,7 @@ class NodeTrace:
     prefill_tokens_saved: int
     context_tokens: int
     output: str
+    note: str = ""  # why a fallback happened (a failed transfer, a lost replica), else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +93,16 @@ class WorkflowExecutor:
         self.decode_steps = decode_steps
         self._cache: dict[str, list[int]] = {}
 
-    def run(self, gs: ExecGraph, task_ids: Sequence[int], run_id: str, reuse: bool = True) -> RunResult:
-        """Execute ``gs`` for a task; ``reuse=False`` turns every KV reuse and transfer off."""
+    def run(self, gs: ExecGraph, task_ids: Sequence[int], run_id: str, reuse: bool = True,
+            on_node: Callable[[NodeTrace], None] | None = None) -> RunResult:  # fmt: skip
+        """Execute ``gs`` for a task; ``reuse=False`` turns every KV reuse and transfer off.
+
+        ``on_node`` is called with each node's trace as it finishes (progress reporting). A node
+        whose replica dies or whose transfer fails is recomputed on a live replica; its trace
+        says why (``note``). Bad requests raise ``ValueError``."""
         c = self.cluster
-        root = f"{run_id}:{ROOT}"
         if reuse:
-            c.manager("apply", [c.get(c.call(c.replicas[0], "materialize", root, list(task_ids)))], 0.0)
+            self._materialize_root(f"{run_id}:{ROOT}", task_ids)
         tokens: dict[str, list[int]] = {ROOT: list(task_ids)}
         results: dict[str, NodeResult] = {}
         traces: list[NodeTrace] = []
@@ -100,7 +110,9 @@ class WorkflowExecutor:
         in_flight: dict[Any, tuple[str, Decision, list[Any]]] = {}
         load = {r: 0 for r in c.replicas}
         transferring: set[str] = set()  # replicas with a transfer in flight
-        rr = itertools.cycle(c.replicas)
+        retry: dict[str, str] = {}  # node → why its last attempt failed (it is recomputed)
+        attempts: dict[str, int] = {}
+        turn = itertools.count()
         while len(results) < len(gs.nodes):
             launched = {v[0] for v in in_flight.values()}
             for nid in gs.ready(set(results)):
@@ -110,30 +122,52 @@ class WorkflowExecutor:
                 outs = {k: v.output_ids for k, v in results.items()}
                 ctx = node_context(node, tokens, outs, task_ids, self._encode)
                 tokens[nid] = ctx
-                d = self._decide(ctx, load) if reuse else self._recompute(ctx, next(rr))
+                if nid in retry:
+                    d = self._recompute(ctx, min(c.replicas, key=lambda r: load[r]), retry[nid])
+                elif reuse:
+                    d = self._decide(ctx, load)
+                else:
+                    d = self._recompute(ctx, c.replicas[next(turn) % len(c.replicas)])
                 if d.option is Option.TRANSFER and d.replica in transferring:
                     continue  # NOTE: wait for the transfer in flight; the prefix will then be local
+                attempts[nid] = attempts.get(nid, 0) + 1
+                try:
+                    handles = self._launch(run_id, nid, ctx, d, reuse, node.preds)
+                except Exception as exc:
+                    if not c.is_replica_failure(exc):
+                        raise
+                    for r in {d.replica, d.source} - {""}:
+                        if not self._alive(r):
+                            self._lose(r)
+                    continue  # decided again on the replicas that are left
                 if d.option is Option.TRANSFER:
                     transferring.add(d.replica)
-                handles = self._launch(run_id, nid, ctx, d, reuse, node.preds)
                 in_flight[handles[0]] = (nid, d, handles)
                 load[d.replica] += 1
+            if not in_flight:
+                continue
             done = c.wait_one(list(in_flight))
             nid, d, handles = in_flight.pop(done)
-            for h in handles[1:]:
-                c.get(h)  # the source replica's send
-            res: NodeResult = c.get(done)
-            load[d.replica] -= 1
+            load[d.replica] = load.get(d.replica, 1) - 1
             if d.option is Option.TRANSFER:
                 transferring.discard(d.replica)
-            if res.admit is not None and reuse:
+            try:
+                res: NodeResult = c.get(done)
+            except Exception as exc:
+                retry[nid] = self._failed(exc, d, handles, attempts[nid])
+                continue
+            self._finish_sends(d, handles[1:])
+            if res.admit is not None and reuse and res.replica in c.replicas:  # a lost replica's KV is gone
                 c.manager("apply", [res.admit], 0.0)
             results[nid] = res
+            retry.pop(nid, None)
             decisions.append(d.with_measured(res.total_s))
             saved = res.reused_tokens + res.transferred_tokens
             traces.append(NodeTrace(nid, res.replica, d.option.value, d.source, d.chosen_predicted_s, res.total_s,
                                     res.ttft_s, res.bytes_moved, res.prefill_tokens, saved, len(tokens[nid]),
-                                    res.text))  # fmt: skip
+                                    res.text, d.reason if d.reason.startswith(FALLBACK) else ""))  # fmt: skip
+            if on_node is not None:
+                on_node(traces[-1])
         final = gs.outputs[-1]
         return RunResult(
             outputs={k: v.output_ids for k, v in results.items()},
@@ -142,6 +176,59 @@ class WorkflowExecutor:
             trace=tuple(traces),
             decisions=tuple(decisions),
         )
+
+    def _materialize_root(self, root: str, task_ids: Sequence[int]) -> None:
+        c = self.cluster
+        for replica in list(c.replicas):
+            try:
+                c.manager("apply", [c.get(c.call(replica, "materialize", root, list(task_ids)))], 0.0)
+                return
+            except Exception as exc:
+                if not c.is_replica_failure(exc):
+                    raise
+                self._lose(replica)
+        raise RuntimeError("every replica failed; restart the deployment (`graphflow serve`)")
+
+    def _failed(self, exc: BaseException, d: Decision, handles: list[Any], tries: int) -> str:
+        """A node attempt failed: decide whether to retry it (by recompute) and say why."""
+        c = self.cluster
+        if c.is_replica_failure(exc):
+            self._lose(d.replica)
+            why = f"replica {d.replica} lost"
+        elif isinstance(exc, TransportError):
+            why = f"transfer from {d.source} failed ({type(exc).__name__})"
+        else:
+            raise exc  # a bad request or a bug: the caller gets the error
+        self._finish_sends(d, handles[1:])
+        if tries > len(c.replicas) + 1:
+            raise RuntimeError(f"node failed {tries} times, last because {why}") from exc
+        return f"{FALLBACK}{why}; recomputed"
+
+    def _finish_sends(self, d: Decision, sends: list[Any]) -> None:
+        """Collect the source replica's send; a source that died meanwhile is dropped."""
+        for h in sends:
+            try:
+                self.cluster.get(h)
+            except Exception as exc:
+                if self.cluster.is_replica_failure(exc):
+                    self._lose(d.source)
+                elif not isinstance(exc, TransportError):
+                    raise
+
+    def _alive(self, replica: str) -> bool:
+        try:
+            self.cluster.get(self.cluster.call(replica, "address"))
+            return True
+        except Exception as exc:
+            if self.cluster.is_replica_failure(exc):
+                return False
+            raise
+
+    def _lose(self, replica: str) -> None:
+        if replica in self.cluster.replicas:
+            self.cluster.drop_replica(replica)
+        if not self.cluster.replicas:
+            raise RuntimeError("every replica failed; restart the deployment (`graphflow serve`)")
 
     def _encode(self, text: str) -> list[int]:
         if text not in self._cache:
@@ -159,9 +246,9 @@ class WorkflowExecutor:
         queue = {r: n * self.policy.prefill(len(ctx)) for r, n in load.items()}
         return place(requests, queue, self.policy)
 
-    def _recompute(self, ctx: list[int], replica: str) -> Decision:
+    def _recompute(self, ctx: list[int], replica: str, why: str = "reuse off") -> Decision:
         return Decision(Option.RECOMPUTE, replica, "", {Option.RECOMPUTE: self.policy.prefill(len(ctx))},
-                        {Option.RECOMPUTE: 0.0}, {Option.RECOMPUTE: len(ctx) * self.bpt}, "reuse off")  # fmt: skip
+                        {Option.RECOMPUTE: 0.0}, {Option.RECOMPUTE: len(ctx) * self.bpt}, why)  # fmt: skip
 
     def _launch(
         self, run_id: str, nid: str, ctx: list[int], d: Decision, reuse: bool, preds: tuple[str, ...]

@@ -9,26 +9,48 @@ from typing import Any
 from graphflow.kv.manager import KVStateManager, ReplicaInfo
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 
-__all__ = ["LocalCluster"]
+__all__ = ["LocalCluster", "ReplicaUnavailable"]
+
+
+class ReplicaUnavailable(RuntimeError):
+    """A call went to a replica that was stopped."""
 
 
 class LocalCluster:
     """Same interface as the Ray deployment; replicas talk over the local transport."""
 
-    def __init__(self, model: str, replicas: int = 2, capacity_bytes: int = 1 << 28) -> None:
+    def __init__(self, model: str, replicas: int = 2, capacity_bytes: int = 1 << 28, timeout_s: float = 120.0) -> None:
         if replicas <= 0:
             raise ValueError(f"need at least one replica, got {replicas}")
         self.replicas = [f"replica-{i}" for i in range(replicas)]
         self.workers = {
-            r: ReplicaWorker(ReplicaConfig(r, model, capacity_bytes, transport="local")) for r in self.replicas
+            r: ReplicaWorker(ReplicaConfig(r, model, capacity_bytes, transport="local", timeout_s=timeout_s))
+            for r in self.replicas
         }
         self._manager = KVStateManager()
         for r in self.replicas:
             self._manager.add_replica(ReplicaInfo(r, budget_bytes=capacity_bytes, address=self.workers[r].address()))
         self._pool = cf.ThreadPoolExecutor(max_workers=4 * replicas)
+        self._stopped: set[str] = set()
 
     def call(self, replica: str, method: str, *args: Any) -> cf.Future[Any]:
+        if replica in self._stopped:
+            failed: cf.Future[Any] = cf.Future()
+            failed.set_exception(ReplicaUnavailable(f"replica {replica} was stopped"))
+            return failed
         return self._pool.submit(getattr(self.workers[replica], method), *args)
+
+    def stop_replica(self, replica: str) -> None:
+        """Stop a replica as if its process died: its transport closes, later calls fail."""
+        self.workers[replica].transport.close()
+        self._stopped.add(replica)
+
+    def is_replica_failure(self, exc: BaseException) -> bool:
+        return isinstance(exc, ReplicaUnavailable)
+
+    def drop_replica(self, replica: str) -> None:
+        self.replicas = [r for r in self.replicas if r != replica]
+        self._manager.drop_replica(replica)
 
     def manager(self, method: str, *args: Any) -> Any:
         return getattr(self._manager, method)(*args)
@@ -46,5 +68,6 @@ class LocalCluster:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        for w in self.workers.values():
-            w.transport.close()
+        for r, w in self.workers.items():
+            if r not in self._stopped:
+                w.transport.close()

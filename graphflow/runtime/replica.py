@@ -84,6 +84,7 @@ class ReplicaWorker:
             config.block_tokens,
             Placement(config.name, device=config.device),
         )
+        self._faults: list[str] = []
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
 
@@ -195,10 +196,24 @@ class ReplicaWorker:
         n = len(ids) // bt * bt
         spec = spec_for_prompt(self.engine.identity, ids[:n], bt, run.transfer_from, run.transfer_id)
         got = self.transport.recv(spec)
-        blocks = from_wire(got.headers, got.tensors)
+        received = from_wire(got.headers, got.tensors)
+        # NOTE: blocks this replica already computed itself keep their stored bytes (as in _keep)
+        blocks = [self.store.block(b.key) if self.store.has_block(b.key) else b for b in received]
         if self.store.add_state(blocks, Lineage("transfer"), f"{run.state_id}:transfer") is None:
             raise MemoryError(f"replica {self.config.name} has no room for transferred blocks of {run.state_id}")
         return got.stats.nbytes, n
+
+    FAULTS = ("drop-send", "corrupt-send")
+
+    def inject_fault(self, fault: str) -> None:
+        """Fault injection for ``graphflow check faults``: the next send misbehaves once.
+
+        ``drop-send`` sends nothing (the receiver times out); ``corrupt-send`` flips one payload
+        byte after the checksums were taken (the receiver's verification must catch it).
+        """
+        if fault not in self.FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(self.FAULTS)}")
+        self._faults.append(fault)
 
     def send_prefix(self, tokens: Sequence[int], n_tokens: int, peer: str, transfer_id: int) -> int:
         """Send the blocks of ``tokens[:n_tokens]`` (full blocks) to ``peer``; returns bytes."""
@@ -210,6 +225,12 @@ class ReplicaWorker:
             raise ValueError(f"replica {self.config.name} lacks {len(missing)} of the blocks asked for")
         blocks = [self.store.block(k) for k in keys]
         headers, tensors = to_wire(blocks)
+        fault = self._faults.pop(0) if self._faults else ""
+        if fault == "drop-send":
+            return 0
+        if fault == "corrupt-send":
+            tensors = [t.clone() for t in tensors]
+            tensors[0].view(torch.uint8).view(-1)[0] ^= 0xFF
         return self.transport.send(TransferSpec.for_headers(transfer_id, peer, headers), headers, tensors).nbytes
 
     def probe(self, peer: str, nbytes: int, transfer_id: int, send: bool) -> float:

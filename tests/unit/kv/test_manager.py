@@ -61,6 +61,20 @@ def test_locate_and_placement(mgr):
     assert sorted(place) == sorted((k, n, r, "cpu") for k in keys for n, r in (("n0", "r0"), ("n1", "r1")))
 
 
+def test_drop_replica_forgets_its_copies_but_keeps_lineage(mgr):
+    keys = _admit(mgr, "r0", "a", list(range(8)))
+    _admit(mgr, "r1", "a2", list(range(8)))
+    _admit(mgr, "r1", "b", list(range(8, 16)))
+    mgr.pin(keys, "r1")
+    assert mgr.drop_replica("r1") == 4  # pinned or not, the bytes are gone with the replica
+    assert mgr.locate(keys[0]) == ["r0"] and [i.name for i in mgr.list_replicas()] == ["r0"]
+    assert mgr.longest_prefix(chain_keys(list(range(8, 16)), MODEL_KEY, BT)) == []
+    assert mgr.state("b").token_ids == list(range(8, 16))  # lineage survives: it can be recomputed
+    mgr.check_integrity()
+    with pytest.raises(ValueError, match="unknown replica"):
+        mgr.drop_replica("r1")
+
+
 def test_begin_node_leases_and_counts_hits(mgr):
     _admit(mgr, "r0", "a", list(range(12)))
     look = mgr.begin_node(list(range(12)) + [50, 51], MODEL_KEY, now_s=5.0, lease_s=10.0)

@@ -1,0 +1,71 @@
+"""Failures during a workflow on the in-process deployment: lost replicas, failed transfers."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphflow.runtime.executor import WorkflowExecutor
+from graphflow.runtime.local import LocalCluster
+from graphflow.workflow.compile import compile_workflow
+from graphflow.workflow.corpus import load_corpus, references
+from scheduler.cost import LinkSpec, PrefillModel
+from scheduler.policy import Policy
+
+TASK = "A tank holds 40 litres and leaks 3 litres an hour. How much is left after 7 hours? " * 8
+
+
+def _executor(cluster: LocalCluster) -> WorkflowExecutor:
+    w0 = cluster.workers["replica-0"]
+    pol = Policy(PrefillModel(0.0, 1e-2, 0.0))  # prefill very expensive, link very fast: transfers chosen
+    return WorkflowExecutor(cluster, pol, LinkSpec("local", 1e12, 1e-5), w0.kv_bytes_per_token(), w0.model_key(), 4)
+
+
+@pytest.fixture
+def cluster():
+    c = LocalCluster("tiny-llama", replicas=2, timeout_s=2.0)
+    yield c
+    c.close()
+
+
+def _reference(cluster: LocalCluster, gs, ids):
+    return _executor(cluster).run(gs, ids, "reference", reuse=False).outputs
+
+
+@pytest.mark.parametrize("fault", ["drop-send", "corrupt-send"])
+def test_a_failed_transfer_falls_back_to_recompute(cluster, fault):
+    gs = compile_workflow(references(load_corpus())["GSM8K"])
+    ids = cluster.workers["replica-0"].encode(TASK)
+    for w in cluster.workers.values():
+        w.inject_fault(fault)
+    result = _executor(cluster).run(gs, ids, f"t-{fault}")
+    failed = [t for t in result.trace if t.note]
+    assert failed, "a transfer was expected to be chosen and to fail"
+    why = "TransferTimeout" if fault == "drop-send" else "ChecksumMismatch"
+    assert all(why in t.note and t.decision == "recompute" for t in failed)
+    assert result.outputs == _reference(cluster, gs, ids)
+    cluster.manager("check_integrity")
+
+
+def test_a_replica_lost_mid_workflow_does_not_lose_the_workflow(cluster):
+    gs = compile_workflow(references(load_corpus())["GSM8K"])
+    ids = cluster.workers["replica-0"].encode(TASK)
+    reference = _reference(cluster, gs, ids)
+    done: list[str] = []
+
+    def kill_after_first(trace) -> None:
+        done.append(trace.node)
+        if len(done) == 1:
+            cluster.stop_replica("replica-1")
+
+    result = _executor(cluster).run(gs, ids, "t-kill", on_node=kill_after_first)
+    assert result.outputs == reference  # exact mode: identical to an undisturbed run
+    assert cluster.replicas == ["replica-0"]
+    # a node already running in replica-1's thread may still finish there; every later one runs on replica-0
+    assert result.trace[-1].replica == "replica-0"
+    assert "replica-1" not in {r.name for r in cluster.manager("list_replicas")}
+    cluster.manager("check_integrity")
+
+
+def test_unknown_fault_is_refused(cluster):
+    with pytest.raises(ValueError, match="unknown fault"):
+        cluster.workers["replica-0"].inject_fault("meteor")
