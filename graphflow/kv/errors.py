@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from transport.errors import ChecksumMismatch
 
-__all__ = ["ChecksumMismatch", "IncompatibleState"]
+__all__ = ["ChecksumMismatch", "IncompatibleState", "MissingBlocks"]
 
 
 class IncompatibleState(ValueError):
     """A KV state was offered to a model/config it was not computed with; it is never reused."""
+
+
+class MissingBlocks(LookupError):
+    """A replica was asked for blocks it no longer holds (evicted since the manager last heard)."""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from graphflow.kv.errors import MissingBlocks
 from graphflow.runtime.replica import NodeResult, NodeRun
 from graphflow.workflow.compile import ROOT, ExecGraph, node_context
 from scheduler.cost import LinkSpec
@@ -157,8 +158,9 @@ class WorkflowExecutor:
                 retry[nid] = self._failed(exc, d, handles, attempts[nid])
                 continue
             self._finish_sends(d, handles[1:])
-            if res.admit is not None and reuse and res.replica in c.replicas:  # a lost replica's KV is gone
-                c.manager("apply", [res.admit], 0.0)
+            events = [*res.evicted, *([res.admit] if res.admit is not None else [])]
+            if events and reuse and res.replica in c.replicas:  # a lost replica's KV is gone
+                c.manager("apply", events, 0.0)
             results[nid] = res
             retry.pop(nid, None)
             decisions.append(d.with_measured(res.total_s))
@@ -181,7 +183,7 @@ class WorkflowExecutor:
         c = self.cluster
         for replica in list(c.replicas):
             try:
-                c.manager("apply", [c.get(c.call(replica, "materialize", root, list(task_ids)))], 0.0)
+                c.manager("apply", c.get(c.call(replica, "materialize", root, list(task_ids))), 0.0)
                 return
             except Exception as exc:
                 if not c.is_replica_failure(exc):
@@ -195,7 +197,7 @@ class WorkflowExecutor:
         if c.is_replica_failure(exc):
             self._lose(d.replica)
             why = f"replica {d.replica} lost"
-        elif isinstance(exc, TransportError):
+        elif isinstance(exc, TransportError | MissingBlocks):
             why = f"transfer from {d.source} failed ({type(exc).__name__})"
         else:
             raise exc  # a bad request or a bug: the caller gets the error
@@ -212,7 +214,7 @@ class WorkflowExecutor:
             except Exception as exc:
                 if self.cluster.is_replica_failure(exc):
                     self._lose(d.source)
-                elif not isinstance(exc, TransportError):
+                elif not isinstance(exc, TransportError | MissingBlocks):
                     raise
 
     def _alive(self, replica: str) -> bool:

@@ -13,7 +13,9 @@ tokens ─► longest local prefix (hash-chain keys in the store)            REU
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +24,8 @@ import torch
 
 from graphflow.kv.block import chain_keys
 from graphflow.kv.codec import from_wire, to_wire
-from graphflow.kv.manager import AdmitEvent, StateRecord, batch_from_blocks
+from graphflow.kv.errors import MissingBlocks
+from graphflow.kv.manager import AdmitEvent, EvictEvent, StateRecord, batch_from_blocks
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
@@ -69,7 +72,8 @@ class NodeResult:
     bytes_moved: int
     ttft_s: float
     total_s: float
-    admit: AdmitEvent | None = field(default=None, compare=False)
+    admit: AdmitEvent | None = field(default=None, compare=False)  # None: not kept (reuse off, no room)
+    evicted: tuple[EvictEvent, ...] = field(default=(), compare=False)  # states dropped to make room
 
 
 class ReplicaWorker:
@@ -85,6 +89,8 @@ class ReplicaWorker:
             Placement(config.name, device=config.device),
         )
         self._faults: list[str] = []
+        self._lock = threading.RLock()  # store mutations (a replica runs several calls at once)
+        self._age: OrderedDict[str, None] = OrderedDict()  # kept states, oldest first
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
 
@@ -111,8 +117,9 @@ class ReplicaWorker:
         bt = self.config.block_tokens
         moved = 0
         transferred = 0
+        evicted: list[EvictEvent] = []
         if run.transfer_from and run.transfer_tokens > 0:
-            moved, transferred = self._receive(run, ids[: run.transfer_tokens])
+            moved, transferred, evicted = self._receive(run, ids[: run.transfer_tokens])
         prefix_blocks = self._local_prefix(ids) if (run.reuse or transferred) else []
         reused = len(prefix_blocks) * bt
         cache = blocks_to_cache(prefix_blocks, self.engine.identity, self.engine.config) if prefix_blocks else None
@@ -121,7 +128,8 @@ class ReplicaWorker:
         ttft = time.perf_counter() - start
         out = self.engine.decode_greedy(pre.cache, first, run.decode_steps - 1) if run.decode_steps > 1 else None
         output = [first, *(out.token_ids if out else ())]
-        admit = self._keep(run, ids + output[:-1], pre.cache) if run.reuse else None
+        admit, more = self._keep(run, ids + output[:-1], pre.cache) if run.reuse else (None, [])
+        evicted += more
         return NodeResult(
             state_id=run.state_id,
             replica=self.config.name,
@@ -134,19 +142,18 @@ class ReplicaWorker:
             ttft_s=ttft,
             total_s=time.perf_counter() - start,
             admit=admit,
+            evicted=tuple(evicted),
         )
 
-    def materialize(self, state_id: str, tokens: Sequence[int]) -> AdmitEvent:
-        """Prefill ``tokens`` once and store them as ``state_id`` (the task context root)."""
+    def materialize(self, state_id: str, tokens: Sequence[int]) -> list[AdmitEvent | EvictEvent]:
+        """Prefill ``tokens`` once and store them as ``state_id`` (the task context root).
+
+        Returns the events for the manager: states evicted to make room, then the admit (none
+        when the state is larger than the whole store)."""
         ids = list(tokens)
         blocks = cache_to_blocks(self.engine.prefill(ids).cache, ids, self.engine.identity, self.config.block_tokens)
-        new = [b for b in blocks if not self.store.has_block(b.key)]
-        state = self.store.add_state(blocks, Lineage("materialize"), state_id)
-        if state is None:
-            raise MemoryError(f"replica {self.config.name} has no room for {state_id}")
-        return AdmitEvent(
-            self.config.name, StateRecord.of(state, ids), batch_from_blocks(new, self.config.name, state_id)
-        )
+        admit, evicted = self._store_state(blocks, Lineage("materialize"), state_id, ids)
+        return [*evicted, *([admit] if admit else [])]
 
     def prefill_seconds(self, lengths: Sequence[int], repeats: int = 2) -> list[tuple[int, float]]:
         """Measured prefill times (median of ``repeats`` after a warm-up) for calibration."""
@@ -163,19 +170,46 @@ class ReplicaWorker:
     def kv_bytes_per_token(self) -> int:
         return self.engine.kv_bytes_per_token()
 
-    def _keep(self, run: NodeRun, state_tokens: list[int], cache: Any) -> AdmitEvent:
+    def _keep(self, run: NodeRun, state_tokens: list[int], cache: Any) -> tuple[AdmitEvent | None, list[EvictEvent]]:
         """Store the node's whole state (KV for every token but the last output) for reuse."""
         computed = cache_to_blocks(cache, state_tokens, self.engine.identity, self.config.block_tokens)
-        new = [b for b in computed if not self.store.has_block(b.key)]
-        # NOTE: a block this store already holds keeps its stored bytes (first writer wins, as
-        # in vLLM's prefix cache): the same tokens recomputed along another path differ only by
-        # rounding, and one key never maps to two versions on a replica.
-        blocks = [self.store.block(b.key) if self.store.has_block(b.key) else b for b in computed]
-        state = self.store.add_state(blocks, Lineage("node", run.parents), run.state_id)
-        if state is None:
-            raise MemoryError(f"replica {self.config.name} has no room for state {run.state_id}; evict first")
-        return AdmitEvent(self.config.name, StateRecord.of(state, state_tokens),
-                          batch_from_blocks(new, self.config.name, run.state_id))  # fmt: skip
+        return self._store_state(computed, Lineage("node", run.parents), run.state_id, state_tokens)
+
+    def _store_state(self, computed: list[Any], lineage: Lineage, state_id: str,
+                     tokens: Sequence[int]) -> tuple[AdmitEvent | None, list[EvictEvent]]:  # fmt: skip
+        """Add a state, evicting the oldest states first when the store is full.
+
+        A state larger than the whole store is not kept (the node's output is still valid; the
+        state will be recomputed when needed): the store never exceeds its budget.
+        """
+        with self._lock:
+            evicted: list[EvictEvent] = []
+            while True:
+                # NOTE: a block this store already holds keeps its stored bytes (first writer
+                # wins, as in vLLM's prefix cache): the same tokens recomputed along another path
+                # differ only by rounding, and one key never maps to two versions on a replica.
+                blocks = [self.store.block(b.key) if self.store.has_block(b.key) else b for b in computed]
+                new = [b for b in blocks if not self.store.has_block(b.key)]
+                need = sum({b.key: b.nbytes for b in new}.values())
+                if self.store.can_allocate(need) or not self._age:
+                    break
+                evicted.append(self._evict_oldest())
+            state = self.store.add_state(blocks, lineage, state_id) if self.store.can_allocate(need) else None
+            if state is None:
+                return None, evicted
+            self._age[state_id] = None
+            # every block of the state, not only the new ones: the manager must learn that this
+            # replica now holds blocks it received or already had (it skips copies it knows)
+            unique = list({b.key: b for b in blocks}.values())
+            batch = batch_from_blocks(unique, self.config.name, state_id)
+            return AdmitEvent(self.config.name, StateRecord.of(state, tokens), batch), evicted
+
+    def _evict_oldest(self) -> EvictEvent:
+        victim = next(iter(self._age))
+        del self._age[victim]
+        freed = tuple(k for k in self.store.state(victim).block_keys if self.store.refcount(k) == 1)
+        self.store.release(victim)
+        return EvictEvent(self.config.name, freed, victim)
 
     def _local_prefix(self, ids: list[int]) -> list[Any]:
         """Leading full blocks of ``ids`` this store holds, leaving ≥ 1 token to prefill."""
@@ -189,7 +223,7 @@ class ReplicaWorker:
             out.append(self.store.block(k))
         return out
 
-    def _receive(self, run: NodeRun, ids: list[int]) -> tuple[int, int]:
+    def _receive(self, run: NodeRun, ids: list[int]) -> tuple[int, int, list[EvictEvent]]:
         from graphflow.checks.transfer import spec_for_prompt
 
         bt = self.config.block_tokens
@@ -197,11 +231,10 @@ class ReplicaWorker:
         spec = spec_for_prompt(self.engine.identity, ids[:n], bt, run.transfer_from, run.transfer_id)
         got = self.transport.recv(spec)
         received = from_wire(got.headers, got.tensors)
-        # NOTE: blocks this replica already computed itself keep their stored bytes (as in _keep)
-        blocks = [self.store.block(b.key) if self.store.has_block(b.key) else b for b in received]
-        if self.store.add_state(blocks, Lineage("transfer"), f"{run.state_id}:transfer") is None:
-            raise MemoryError(f"replica {self.config.name} has no room for transferred blocks of {run.state_id}")
-        return got.stats.nbytes, n
+        # kept as a state of its own (aged out like any other); blocks this replica already
+        # computed itself keep their stored bytes (see _store_state)
+        _, evicted = self._store_state(received, Lineage("transfer"), f"{run.state_id}:transfer", ids[:n])
+        return got.stats.nbytes, n, evicted
 
     FAULTS = ("drop-send", "corrupt-send")
 
@@ -220,10 +253,13 @@ class ReplicaWorker:
         bt = self.config.block_tokens
         n = n_tokens // bt * bt
         keys = chain_keys(list(tokens[:n]), self.engine.identity.model_key, bt)
-        missing = [k for k in keys if not self.store.has_block(k)]
-        if missing:
-            raise ValueError(f"replica {self.config.name} lacks {len(missing)} of the blocks asked for")
-        blocks = [self.store.block(k) for k in keys]
+        with self._lock:
+            missing = [k for k in keys if not self.store.has_block(k)]
+            if missing:
+                raise MissingBlocks(
+                    f"replica {self.config.name} no longer holds {len(missing)} of the blocks asked for"
+                )
+            blocks = [self.store.block(k) for k in keys]
         headers, tensors = to_wire(blocks)
         fault = self._faults.pop(0) if self._faults else ""
         if fault == "drop-send":
