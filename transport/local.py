@@ -128,3 +128,8 @@ class LocalTransport(MessageTransport):
     async def _aclose(self) -> None:
         with _FABRIC.lock:
             _FABRIC.endpoints.discard(self._name)
+
+    def close(self) -> None:
+        with _FABRIC.lock:  # NOTE: also when never used: its loop (and so _aclose) never started
+            _FABRIC.endpoints.discard(self._name)
+        super().close()

@@ -12,7 +12,10 @@ Times are passed in (``now_s``), never read from a clock here.
 
 from __future__ import annotations
 
+import shutil
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +68,8 @@ class KVStateManager:
         self._lookups = 0
         self._hits: dict[str, int] = {}
         self._hit_tokens: dict[str, int] = {}
+        self._snapshots: tuple[Path, float] | None = None
+        self._last_snapshot = float("-inf")
 
     # ---- replicas ------------------------------------------------------------------------
     def add_replica(self, info: ReplicaInfo) -> None:
@@ -94,6 +99,27 @@ class KVStateManager:
         del self._replicas[name]
         return len(rows)
 
+    def resync_replica(self, info: ReplicaInfo, admits: Sequence[AdmitEvent], now_s: float = 0.0) -> int:
+        """Make the catalog agree with what a replica reports holding (after a manager restart
+        from an older snapshot): its old copies are dropped, each reported state is admitted —
+        a state the snapshot already knows only gets its block copies back, and lineage
+        parents the manager never heard of are left out. Returns the states reported."""
+        if info.name in self._replicas:
+            self.drop_replica(info.name)
+        self.add_replica(info)
+        for ev in admits:
+            state = ev.record.state
+            if state.state_id in self._states:
+                self._validate_blocks(ev.blocks)
+                self.catalog.append(take_rows(ev.blocks, self._not_on_replica(ev.blocks)), now_s)
+                continue
+            known = tuple(p for p in state.lineage.parents if p in self._states)
+            if known != state.lineage.parents:
+                state = replace(state, lineage=replace(state.lineage, parents=known))
+                ev = replace(ev, record=replace(ev.record, state=state))
+            self._admit(ev, now_s)
+        return len(admits)
+
     def list_replicas(self) -> list[ReplicaInfo]:
         """The registered replicas (a method, so Ray actor callers can ask for it)."""
         return self.replicas
@@ -107,6 +133,7 @@ class KVStateManager:
                 self._admit(ev, now_s)
             else:
                 self._evict(ev)
+        self._maybe_snapshot()
 
     def _admit(self, ev: AdmitEvent, now_s: float) -> None:
         self.replica(ev.replica)
@@ -360,27 +387,62 @@ class KVStateManager:
 
     # ---- snapshot ------------------------------------------------------------------------
     def snapshot(self, folder: str | Path) -> None:
-        """Write ``catalog.parquet`` and ``states.parquet`` (plus replicas) into ``folder``."""
+        """Write ``catalog.parquet`` and ``states.parquet`` (plus replicas) into ``folder``.
+
+        Written into a sibling folder first and swapped in, so a crash mid-write leaves the
+        previous snapshot whole."""
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.catalog.write_parquet(folder / "catalog.parquet")
-        write_states(folder / "states.parquet", list(self._states.values()), self.replicas, self.block_tokens)
+        tmp, old = folder.with_name(folder.name + ".new"), folder.with_name(folder.name + ".old")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.catalog.write_parquet(tmp / "catalog.parquet")
+        write_states(tmp / "states.parquet", list(self._states.values()), self.replicas, self.block_tokens)
+        shutil.rmtree(old, ignore_errors=True)
+        if folder.exists():
+            folder.rename(old)
+        tmp.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def enable_snapshots(self, folder: str | Path, every_s: float = 5.0) -> None:
+        """Snapshot into ``folder`` after event batches, at most once every ``every_s`` seconds."""
+        if every_s < 0:
+            raise ValueError(f"every_s must be non-negative, got {every_s}")
+        self._snapshots = (Path(folder), every_s)
+        self._last_snapshot = float("-inf")
+
+    def _maybe_snapshot(self) -> None:
+        if self._snapshots is None:
+            return
+        folder, every_s = self._snapshots
+        now = time.monotonic()
+        if now - self._last_snapshot >= every_s:
+            self.snapshot(folder)
+            self._last_snapshot = now
 
     @classmethod
     def restore(cls, folder: str | Path, weights: EvictionWeights | None = None) -> KVStateManager:
         """A manager rebuilt from :meth:`snapshot`; ``ValueError`` for another schema version."""
-        folder = Path(folder)
-        records, replicas, block_tokens = read_states(folder / "states.parquet")
-        catalog = Catalog.read_parquet(folder / "catalog.parquet")
-        mgr = cls(block_tokens, catalog.epoch_s, weights)
-        mgr.catalog = catalog
-        for info in replicas:
-            mgr._replicas[info.name] = info
-        for rec in records:
-            mgr._states[rec.state.state_id] = rec
-            for p in rec.state.lineage.parents:
-                mgr._children.setdefault(p, set()).add(rec.state.state_id)
+        mgr = cls(weights=weights)
+        mgr.load_snapshot(folder)
         return mgr
+
+    def load_snapshot(self, folder: str | Path) -> int:
+        """Replace this manager's contents with a :meth:`snapshot` (how a restarted manager
+        actor recovers); returns the number of states restored."""
+        folder = Path(folder)
+        if not (folder / "states.parquet").is_file():
+            raise ValueError(f"no manager snapshot in {folder}; start from an empty manager instead")
+        records, replicas, block_tokens = read_states(folder / "states.parquet")
+        self.catalog = Catalog.read_parquet(folder / "catalog.parquet")
+        self.block_tokens = block_tokens
+        self._replicas = {info.name: info for info in replicas}
+        self._states = {}
+        self._children = {}
+        for rec in records:
+            self._states[rec.state.state_id] = rec
+            for p in rec.state.lineage.parents:
+                self._children.setdefault(p, set()).add(rec.state.state_id)
+        return len(records)
 
     # ---- invariants ----------------------------------------------------------------------
     def check_integrity(self) -> None:

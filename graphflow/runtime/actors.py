@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = ["BOARD_NAME", "MANAGER_NAME", "Board", "CallWorker", "RayCluster", "c
 
 MANAGER_NAME = "graphflow-manager"
 BOARD_NAME = "graphflow-board"
+SNAPSHOT_KEY = "snapshot_dir"
 NAMESPACE = "graphflow"
 
 
@@ -65,8 +67,12 @@ class RayCluster:
         self._board = board
 
     @classmethod
-    def start(cls, ray: Any, model: str, n: int, capacity_bytes: int = 1 << 30, detached: bool = False) -> RayCluster:
-        """Create the manager and ``n`` replica actors (reusing any that already exist)."""
+    def start(cls, ray: Any, model: str, n: int, capacity_bytes: int = 1 << 30, detached: bool = False,
+              snapshot_dir: str = "", timeout_s: float = 120.0) -> RayCluster:  # fmt: skip
+        """Create the manager and ``n`` replica actors (reusing any that already exist).
+
+        With ``snapshot_dir`` the manager snapshots its catalog there (Parquet), and a manager
+        that dies is restarted from it plus what the replicas report holding."""
         if n <= 0:
             raise ValueError(f"need at least one replica, got {n}")
         life = {"lifetime": "detached"} if detached else {}
@@ -77,7 +83,7 @@ class RayCluster:
         names = [replica_name(i) for i in range(n)]
         handles = {}
         for name in names:
-            cfg = ReplicaConfig(name, model, capacity_bytes, transport="ray")
+            cfg = ReplicaConfig(name, model, capacity_bytes, transport="ray", timeout_s=timeout_s)
             actor = ray.remote(ReplicaWorker).options(
                 name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, max_concurrency=4, **life
             )
@@ -85,7 +91,12 @@ class RayCluster:
         addresses = ray.get([handles[n_].address.remote() for n_ in names])
         ray.get([manager.add_replica.remote(ReplicaInfo(n_, budget_bytes=capacity_bytes, address=a))
                  for n_, a in zip(names, addresses, strict=True)])  # fmt: skip
-        return cls(ray, names, handles, manager, board)
+        cluster = cls(ray, names, handles, manager, board)
+        if snapshot_dir:
+            cluster.share(SNAPSHOT_KEY, snapshot_dir)
+            ray.get(manager.enable_snapshots.remote(snapshot_dir))
+            ray.get(manager.snapshot.remote(snapshot_dir))  # never leave an older deployment's snapshot there
+        return cluster
 
     @classmethod
     def attach(cls, ray: Any) -> RayCluster:
@@ -105,7 +116,45 @@ class RayCluster:
         return getattr(self.handles[replica], method).remote(*args)
 
     def manager(self, method: str, *args: Any) -> Any:
-        return self.ray.get(getattr(self._manager, method).remote(*args))
+        """Call the manager; a manager that died is restarted (see :meth:`restart_manager`)."""
+        from ray.exceptions import RayActorError
+
+        try:
+            return self.ray.get(getattr(self._manager, method).remote(*args))
+        except RayActorError:
+            self.restart_manager()
+            if method == "apply":
+                return None  # NOTE: the replicas' holdings, resynced on restart, already include these events
+            return self.ray.get(getattr(self._manager, method).remote(*args))
+
+    def restart_manager(self) -> int:
+        """Start a new manager actor, restore the last snapshot (if the deployment keeps one) and
+        resync every live replica's holdings; returns the states the replicas reported."""
+        from ray.exceptions import RayActorError
+
+        ray = self.ray
+        opts = {"name": MANAGER_NAME, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached"}
+        self._manager = ray.remote(KVStateManager).options(num_cpus=0, **opts).remote()
+        snapshot_dir = self.shared(SNAPSHOT_KEY)
+        if snapshot_dir:
+            with contextlib.suppress(ValueError):  # no snapshot yet: the replicas' holdings alone rebuild it
+                ray.get(self._manager.load_snapshot.remote(snapshot_dir))
+        reported = 0
+        for name in list(self.replicas):
+            try:
+                info, held = ray.get([self.handles[name].info.remote(), self.handles[name].holdings.remote()])
+            except RayActorError:
+                self.replicas = [r for r in self.replicas if r != name]
+                self.handles.pop(name, None)
+                continue
+            reported += ray.get(self._manager.resync_replica.remote(info, held))
+        if snapshot_dir:
+            ray.get(self._manager.enable_snapshots.remote(snapshot_dir))
+        return reported
+
+    def kill_manager(self) -> None:
+        """Kill the manager actor (fault injection: ``graphflow check faults``)."""
+        self.ray.kill(self._manager, no_restart=True)
 
     def wait_one(self, handles: Sequence[Any]) -> Any:
         done, _ = self.ray.wait(list(handles), num_returns=1)

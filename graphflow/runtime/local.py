@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,8 @@ class ReplicaUnavailable(RuntimeError):
 class LocalCluster:
     """Same interface as the Ray deployment; replicas talk over the local transport."""
 
-    def __init__(self, model: str, replicas: int = 2, capacity_bytes: int = 1 << 28, timeout_s: float = 120.0) -> None:
+    def __init__(self, model: str, replicas: int = 2, capacity_bytes: int = 1 << 28, timeout_s: float = 120.0,
+                 snapshot_dir: str = "") -> None:  # fmt: skip
         if replicas <= 0:
             raise ValueError(f"need at least one replica, got {replicas}")
         self.replicas = [f"replica-{i}" for i in range(replicas)]
@@ -30,6 +32,10 @@ class LocalCluster:
         self._manager = KVStateManager()
         for r in self.replicas:
             self._manager.add_replica(ReplicaInfo(r, budget_bytes=capacity_bytes, address=self.workers[r].address()))
+        self.snapshot_dir = snapshot_dir
+        if snapshot_dir:
+            self._manager.enable_snapshots(snapshot_dir)
+            self._manager.snapshot(snapshot_dir)
         self._pool = cf.ThreadPoolExecutor(max_workers=4 * replicas)
         self._stopped: set[str] = set()
 
@@ -54,6 +60,20 @@ class LocalCluster:
 
     def manager(self, method: str, *args: Any) -> Any:
         return getattr(self._manager, method)(*args)
+
+    def restart_manager(self) -> int:
+        """Replace the manager as if its process died: a fresh one restores the last snapshot
+        (if kept) and resyncs every replica's holdings; returns the states reported."""
+        manager = KVStateManager()
+        if self.snapshot_dir:
+            with contextlib.suppress(ValueError):  # no snapshot yet: the replicas' holdings alone rebuild it
+                manager.load_snapshot(self.snapshot_dir)
+        live = [r for r in self.replicas if r not in self._stopped]
+        reported = sum(manager.resync_replica(self.workers[r].info(), self.workers[r].holdings()) for r in live)
+        if self.snapshot_dir:
+            manager.enable_snapshots(self.snapshot_dir)
+        self._manager = manager
+        return reported
 
     def wait_one(self, handles: Sequence[cf.Future[Any]]) -> cf.Future[Any]:
         done, _ = cf.wait(handles, return_when=cf.FIRST_COMPLETED)

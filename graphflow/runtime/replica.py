@@ -25,7 +25,7 @@ import torch
 from graphflow.kv.block import chain_keys
 from graphflow.kv.codec import from_wire, to_wire
 from graphflow.kv.errors import MissingBlocks
-from graphflow.kv.manager import AdmitEvent, EvictEvent, StateRecord, batch_from_blocks
+from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo, StateRecord, batch_from_blocks
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
@@ -283,7 +283,27 @@ class ReplicaWorker:
         return time.perf_counter() - start
 
     def release(self, state_id: str) -> int:
-        return self.store.release(state_id)
+        with self._lock:
+            self._age.pop(state_id, None)
+            return self.store.release(state_id)
+
+    def info(self) -> ReplicaInfo:
+        """How the manager registers this replica."""
+        return ReplicaInfo(self.config.name, device=self.config.device, budget_bytes=self.config.capacity_bytes,
+                           address=self.address())  # fmt: skip
+
+    def holdings(self) -> list[AdmitEvent]:
+        """Every state this replica holds, oldest first, as admits: a restarted manager
+        re-learns the replica's contents from these."""
+        with self._lock:
+            out = []
+            for state_id in self._age:
+                blocks = self.store.blocks(state_id)
+                tokens = [t for b in blocks for t in b.token_ids]
+                unique = list({b.key: b for b in blocks}.values())
+                out.append(AdmitEvent(self.config.name, StateRecord.of(self.store.state(state_id), tokens),
+                                      batch_from_blocks(unique, self.config.name, state_id)))  # fmt: skip
+            return out
 
     def stats(self) -> dict[str, Any]:
         s = self.store.stats()

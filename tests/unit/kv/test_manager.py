@@ -14,6 +14,13 @@ NB = 1000  # bytes per full block
 
 
 def _admit(mgr, replica, state_id, tokens, parents=(), now=0.0, checksum_salt=0, operator="materialize"):
+    ev = _event(replica, state_id, tokens, parents, checksum_salt, operator)
+    mgr.apply([ev], now)
+    mgr.check_integrity()
+    return list(ev.record.state.block_keys)
+
+
+def _event(replica, state_id, tokens, parents=(), checksum_salt=0, operator="materialize"):
     keys = chain_keys(tokens, MODEL_KEY, BT)
     parent_keys = [ROOT_KEY, *keys[:-1]]
     ntok = [min(BT, len(tokens) - i * BT) for i in range(len(keys))]
@@ -31,9 +38,7 @@ def _admit(mgr, replica, state_id, tokens, parents=(), now=0.0, checksum_salt=0,
         state_id, "toy", "cafe", tuple(keys), Positions(0, len(tokens), RopeInfo(1e4)),
         Lineage(operator, tuple(parents)), Placement(replica),
     )  # fmt: skip
-    mgr.apply([AdmitEvent(replica, StateRecord.of(state, tokens), batch)], now)
-    mgr.check_integrity()
-    return keys
+    return AdmitEvent(replica, StateRecord.of(state, tokens), batch)
 
 
 @pytest.fixture
@@ -196,3 +201,21 @@ def test_readmit_on_same_replica_is_idempotent(mgr):
     _admit(mgr, "r0", "a", list(range(8)))
     _admit(mgr, "r0", "a-again", list(range(8)))
     assert mgr.used_bytes("r0") == 2 * NB and len(mgr.catalog) == 2
+
+
+def test_resync_replica_after_restart_from_an_older_snapshot(mgr, tmp_path):
+    _admit(mgr, "r0", "a", list(range(8)))
+    mgr.snapshot(tmp_path / "snap")
+    mgr.snapshot(tmp_path / "snap")  # overwriting swaps the folder whole
+    keys_b = _admit(mgr, "r0", "b", list(range(8, 16)), parents=("a",))
+    fresh = KVStateManager.restore(tmp_path / "snap")
+    assert fresh.locate(keys_b[0]) == []  # the snapshot predates b
+    report = [_event("r0", "a", list(range(8))), _event("r0", "b", list(range(8, 16)), parents=("a",)),
+              _event("r0", "c", list(range(16, 24)), parents=("gone",))]  # fmt: skip
+    assert fresh.resync_replica(ReplicaInfo("r0", budget_bytes=10 * NB), report) == 3
+    assert fresh.locate(keys_b[0]) == ["r0"] and fresh.ancestors("b") == ["a"]
+    assert fresh.ancestors("c") == []  # a parent the manager never heard of is left out
+    assert fresh.locate(chain_keys(list(range(8)), MODEL_KEY, BT)[0]) == ["r0"]
+    fresh.check_integrity()
+    with pytest.raises(ValueError, match="no manager snapshot"):
+        KVStateManager.restore(tmp_path / "nothing-here")

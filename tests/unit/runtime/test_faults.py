@@ -96,3 +96,22 @@ def test_memory_pressure_evicts_and_keeps_outputs_correct():
         assert all(held[s["replica"]] <= s["used_bytes"] for s in tight.stats())  # the manager never overcounts
     finally:
         tight.close()
+
+
+def test_manager_restart_restores_the_snapshot_and_resyncs_replicas(tmp_path):
+    gs = compile_workflow(references(load_corpus())["GSM8K"])
+    c = LocalCluster("tiny-llama", replicas=2, timeout_s=2.0, snapshot_dir=str(tmp_path / "snap"))
+    try:
+        ids = c.workers["replica-0"].encode(TASK)
+        reference = _reference(c, gs, ids)
+        first = _executor(c).run(gs, ids, "before")
+        held = sum(len(w.holdings()) for w in c.workers.values())
+        assert (tmp_path / "snap" / "catalog.parquet").is_file()
+        assert c.restart_manager() == held
+        c.manager("check_integrity")
+        after = _executor(c).run(gs, ids, "after")  # serving continues, and the restored catalog is used
+        assert after.outputs == first.outputs == reference
+        assert after.prefill_tokens_saved > 0
+        assert {r.name for r in c.manager("list_replicas")} == {"replica-0", "replica-1"}
+    finally:
+        c.close()
