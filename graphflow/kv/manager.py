@@ -111,6 +111,7 @@ class KVStateManager:
             state = ev.record.state
             if state.state_id in self._states:
                 self._validate_blocks(ev.blocks)
+                self._supersede(ev.blocks)
                 self.catalog.append(take_rows(ev.blocks, self._not_on_replica(ev.blocks)), now_s)
                 continue
             known = tuple(p for p in state.lineage.parents if p in self._states)
@@ -150,6 +151,7 @@ class KVStateManager:
         missing = outside[self.catalog.rows_of_many(outside) < 0]
         if len(missing):
             raise ValueError(f"state {state.state_id!r} references {len(missing)} blocks that were never admitted")
+        self._supersede(batch)
         new = self._not_on_replica(batch)
         self.catalog.append(take_rows(batch, new), now_s)
         self._states[state.state_id] = ev.record
@@ -158,18 +160,6 @@ class KVStateManager:
 
     def _validate_blocks(self, batch: BlockBatch) -> None:
         keys, parents = batch.key.astype(np.uint64), batch.parent_key.astype(np.uint64)
-        # NOTE: the same tokens computed along another path (chunked vs whole prefill) give a
-        # block with the same key and slightly different bytes; replicas may each hold their
-        # own copy (each row keeps its checksum), but one replica never holds two versions.
-        code = self.catalog.replica_code(batch.replica)
-        reps, sums = self.catalog.col("replica"), self.catalog.col("checksum")
-        for i in np.flatnonzero(self.catalog.rows_of_many(keys) >= 0).tolist():
-            for r in self.catalog.rows_of(int(keys[i])):
-                if reps[r] == code and sums[r] != batch.checksum[i]:
-                    raise ValueError(
-                        f"block {int(keys[i]):016x} is already on {batch.replica} with other bytes "
-                        "(checksum differs); refused"
-                    )
         order = np.argsort(keys, kind="stable")
         same = keys[order][1:] == keys[order][:-1]
         if same.any() and (batch.checksum[order][1:][same] != batch.checksum[order][:-1][same]).any():
@@ -184,6 +174,19 @@ class KVStateManager:
                     raise ValueError(
                         f"{len(dead)} blocks have unknown parents (first {dead[0]:016x}); admit parents first"
                     )
+
+    def _supersede(self, batch: BlockBatch) -> None:
+        """A replica reporting a block it is recorded with under other bytes replaced it (it
+        dropped a corrupt copy and recomputed it; its store holds one version per key): the
+        old row goes. Other replicas may each hold their own version of a key (the same tokens
+        computed along another path differ by rounding); each row keeps its checksum."""
+        code = self.catalog.replica_code(batch.replica)
+        reps, sums = self.catalog.col("replica"), self.catalog.col("checksum")
+        stale = [r for i in np.flatnonzero(self.catalog.rows_of_many(batch.key) >= 0).tolist()
+                 for r in self.catalog.rows_of(int(batch.key[i]))
+                 if reps[r] == code and sums[r] != batch.checksum[i]]  # fmt: skip
+        if stale:
+            self.catalog.kill(np.asarray(stale, dtype=np.int64))
 
     def _ever_known(self, key: int) -> bool:
         return bool((self.catalog.col("key") == np.uint64(key)).any())

@@ -24,7 +24,7 @@ import torch
 
 from graphflow.kv.block import chain_keys
 from graphflow.kv.codec import from_wire, to_wire
-from graphflow.kv.errors import MissingBlocks
+from graphflow.kv.errors import ChecksumMismatch, MissingBlocks
 from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo, StateRecord, batch_from_blocks
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.kv.state import Lineage, Placement
@@ -112,6 +112,7 @@ class ReplicaWorker:
         """Execute one node; see the module docstring. Raises ``ValueError`` on a bad request."""
         if not run.tokens:
             raise ValueError("a node needs at least one context token")
+        self._check_length(len(run.tokens) + run.decode_steps)
         start = time.perf_counter()
         ids = list(run.tokens)
         bt = self.config.block_tokens
@@ -120,7 +121,8 @@ class ReplicaWorker:
         evicted: list[EvictEvent] = []
         if run.transfer_from and run.transfer_tokens > 0:
             moved, transferred, evicted = self._receive(run, ids[: run.transfer_tokens])
-        prefix_blocks = self._local_prefix(ids) if (run.reuse or transferred) else []
+        prefix_blocks, dropped = self._local_prefix(ids) if (run.reuse or transferred) else ([], [])
+        evicted += dropped
         reused = len(prefix_blocks) * bt
         cache = blocks_to_cache(prefix_blocks, self.engine.identity, self.engine.config) if prefix_blocks else None
         pre = self.engine.prefill(ids[reused:], cache)
@@ -151,6 +153,7 @@ class ReplicaWorker:
         Returns the events for the manager: states evicted to make room, then the admit (none
         when the state is larger than the whole store)."""
         ids = list(tokens)
+        self._check_length(len(ids))
         blocks = cache_to_blocks(self.engine.prefill(ids).cache, ids, self.engine.identity, self.config.block_tokens)
         admit, evicted = self._store_state(blocks, Lineage("materialize"), state_id, ids)
         return [*evicted, *([admit] if admit else [])]
@@ -166,6 +169,12 @@ class ReplicaWorker:
             times = sorted(self.engine.prefill(ids).seconds for _ in range(repeats))
             out.append((n, times[len(times) // 2]))
         return out
+
+    def _check_length(self, n: int) -> None:
+        limit = int(getattr(self.engine.config, "max_position_embeddings", 0) or 0)
+        if limit and n > limit:
+            raise ValueError(f"the context needs {n} positions but {self.config.model} accepts at most {limit}; "
+                             "shorten the task or its workflow's outputs")  # fmt: skip
 
     def kv_bytes_per_token(self) -> int:
         return self.engine.kv_bytes_per_token()
@@ -184,6 +193,12 @@ class ReplicaWorker:
         """
         with self._lock:
             evicted: list[EvictEvent] = []
+            for b in computed:  # a stored copy that went corrupt is dropped, not shared
+                if self.store.has_block(b.key):
+                    try:
+                        self.store.block(b.key).verify()
+                    except ChecksumMismatch:
+                        evicted += self._drop_block(b.key)
             while True:
                 # NOTE: a block this store already holds keeps its stored bytes (first writer
                 # wins, as in vLLM's prefix cache): the same tokens recomputed along another path
@@ -205,23 +220,38 @@ class ReplicaWorker:
             return AdmitEvent(self.config.name, StateRecord.of(state, tokens), batch), evicted
 
     def _evict_oldest(self) -> EvictEvent:
-        victim = next(iter(self._age))
-        del self._age[victim]
-        freed = tuple(k for k in self.store.state(victim).block_keys if self.store.refcount(k) == 1)
-        self.store.release(victim)
-        return EvictEvent(self.config.name, freed, victim)
+        return self._evict(next(iter(self._age)))
 
-    def _local_prefix(self, ids: list[int]) -> list[Any]:
-        """Leading full blocks of ``ids`` this store holds, leaving ≥ 1 token to prefill."""
+    def _evict(self, state_id: str) -> EvictEvent:
+        del self._age[state_id]
+        freed = tuple(k for k in self.store.state(state_id).block_keys if self.store.refcount(k) == 1)
+        self.store.release(state_id)
+        return EvictEvent(self.config.name, freed, state_id)
+
+    def _local_prefix(self, ids: list[int]) -> tuple[list[Any], list[EvictEvent]]:
+        """Leading full blocks of ``ids`` this store holds, leaving ≥ 1 token to prefill.
+
+        Each block's checksum is verified before reuse; a corrupt block is never reused: the
+        states holding it are dropped (reported as evictions) and its tokens are recomputed."""
         bt = self.config.block_tokens
         usable = (len(ids) - 1) // bt * bt
         keys = chain_keys(ids[:usable], self.engine.identity.model_key, bt)
-        out = []
-        for k in keys:
-            if not self.store.has_block(k):
-                break
-            out.append(self.store.block(k))
-        return out
+        out: list[Any] = []
+        with self._lock:
+            for k in keys:
+                if not self.store.has_block(k):
+                    break
+                block = self.store.block(k)
+                try:
+                    block.verify()
+                except ChecksumMismatch:
+                    return out, self._drop_block(k)
+                out.append(block)
+        return out, []
+
+    def _drop_block(self, key: int) -> list[EvictEvent]:
+        """Release every state holding ``key`` (a corrupt block); returns the evictions."""
+        return [self._evict(sid) for sid in [sid for sid in self._age if key in self.store.state(sid).block_keys]]
 
     def _receive(self, run: NodeRun, ids: list[int]) -> tuple[int, int, list[EvictEvent]]:
         from graphflow.checks.transfer import spec_for_prompt
@@ -236,16 +266,26 @@ class ReplicaWorker:
         _, evicted = self._store_state(received, Lineage("transfer"), f"{run.state_id}:transfer", ids[:n])
         return got.stats.nbytes, n, evicted
 
-    FAULTS = ("drop-send", "corrupt-send")
+    FAULTS = ("drop-send", "corrupt-send", "corrupt-store")
 
     def inject_fault(self, fault: str) -> None:
         """Fault injection for ``graphflow check faults``: the next send misbehaves once.
 
         ``drop-send`` sends nothing (the receiver times out); ``corrupt-send`` flips one payload
-        byte after the checksums were taken (the receiver's verification must catch it).
+        byte after the checksums were taken (the receiver's verification must catch it);
+        ``corrupt-store`` flips one byte of every stored block now, in place (reuse must catch it).
         """
         if fault not in self.FAULTS:
             raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(self.FAULTS)}")
+        if fault == "corrupt-store":
+            with self._lock:
+                seen: set[int] = set()
+                for sid in self._age:
+                    for b in self.store.blocks(sid):
+                        if b.key not in seen:  # NOTE: flipping a shared block twice would heal it
+                            seen.add(b.key)
+                            b.tensor.view(torch.uint8).view(-1)[0] ^= 0xFF
+            return
         self._faults.append(fault)
 
     def send_prefix(self, tokens: Sequence[int], n_tokens: int, peer: str, transfer_id: int) -> int:

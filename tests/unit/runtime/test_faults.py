@@ -115,3 +115,19 @@ def test_manager_restart_restores_the_snapshot_and_resyncs_replicas(tmp_path):
         assert {r.name for r in c.manager("list_replicas")} == {"replica-0", "replica-1"}
     finally:
         c.close()
+
+
+def test_corrupt_stored_blocks_are_never_reused(cluster):
+    gs = compile_workflow(references(load_corpus())["GSM8K"])
+    ids = cluster.workers["replica-0"].encode(TASK)
+    reference = _reference(cluster, gs, ids)
+    _executor(cluster).run(gs, ids, "warm")
+    for w in cluster.workers.values():
+        w.inject_fault("corrupt-store")
+    again = _executor(cluster).run(gs, ids, "after-corruption")
+    assert again.outputs == reference
+    for w in cluster.workers.values():  # every block still stored is intact
+        for sid in list(w.holdings()):
+            for b in w.store.blocks(sid.record.state.state_id):
+                b.verify()
+    cluster.manager("check_integrity")
