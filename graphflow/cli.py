@@ -11,8 +11,10 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from graphflow.runtime.errors import error_message
 from transport.errors import TransportError
 
 app = typer.Typer(
@@ -39,7 +41,7 @@ def _user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (ValueError, TypeError, TransportError, RuntimeError, ConnectionError, MemoryError) as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(error_message(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
@@ -185,6 +187,40 @@ def check_lineage(
     else:
         _kv_table("lineage: evict and rebuild", result.to_dict())
     if not result.rebuilt_bit_identical:
+        raise typer.Exit(1)
+
+
+@check_app.command("faults")
+@_user_errors
+def check_faults(
+    model: str = typer.Option("tiny-llama", help="Registry name of the model every replica serves."),
+    scenario: list[str] = typer.Option(
+        [], "--scenario", help="Run only these scenarios (repeatable); default: all seven."
+    ),
+    load: int = typer.Option(32, help="Concurrent workflows in the load scenario."),
+    timeout: float = typer.Option(5.0, help="Replica transfer deadline (s): how long a failed transfer may take."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Fault injection on a local Ray cluster: replica death, failed and corrupt transfers,
+    manager restart, memory pressure, load and bad input (see graphflow/checks/faults.py)."""
+    from graphflow.checks.faults import SCENARIOS, run_faults
+    from graphflow.models.registry import resolve
+
+    resolve(model)
+    if load < 1:
+        raise ValueError(f"--load must be at least 1, got {load}")
+    result = run_faults(model, tuple(scenario) or SCENARIOS, load, timeout, say=_say(json_out))
+    if json_out:
+        _emit(result)
+    else:
+        table = Table(title="fault scenarios")
+        for col in ("scenario", "completed", "outputs correct", "seconds", "detail"):
+            table.add_column(col)
+        for r in result["rows"]:
+            table.add_row(r["name"], str(r["completed"]), str(r["outputs_correct"]), f"{r['seconds']:.1f}", r["detail"])
+        out.print(table)
+        out.print(f"{result['passed']}/{result['scenarios']} passed; lost requests: {result['lost_requests']}")
+    if result["passed"] != result["scenarios"] or result["lost_requests"]:
         raise typer.Exit(1)
 
 

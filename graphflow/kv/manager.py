@@ -142,7 +142,15 @@ class KVStateManager:
         if batch.replica != ev.replica:
             raise ValueError(f"admit from {ev.replica!r} carries blocks of {batch.replica!r}")
         if state.state_id in self._states:
-            raise ValueError(f"state {state.state_id!r} is already registered; use a new id")
+            known = self._states[state.state_id]
+            if known.state.block_keys == state.block_keys and known.token_bytes == ev.record.token_bytes:
+                # NOTE: the same admit delivered again (a replica resynced after a manager restart
+                # already reported it): record the copies, change nothing else
+                self._validate_blocks(batch)
+                self._supersede(batch)
+                self.catalog.append(take_rows(batch, self._not_on_replica(batch)), now_s)
+                return
+            raise ValueError(f"state {state.state_id!r} is already registered with other contents; use a new id")
         unknown = [p for p in state.lineage.parents if p not in self._states]
         if unknown:
             raise ValueError(f"state {state.state_id!r} names unknown parent states {unknown}")

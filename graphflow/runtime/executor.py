@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from graphflow.kv.errors import MissingBlocks
+from graphflow.runtime.errors import root_cause
 from graphflow.runtime.replica import NodeResult, NodeRun
 from graphflow.workflow.compile import ROOT, ExecGraph, node_context
 from scheduler.cost import LinkSpec
@@ -198,7 +199,7 @@ class WorkflowExecutor:
             self._lose(d.replica)
             why = f"replica {d.replica} lost"
         elif isinstance(exc, TransportError | MissingBlocks):
-            why = f"transfer from {d.source} failed ({type(exc).__name__})"
+            why = f"transfer from {d.source} failed ({type(root_cause(exc)).__name__})"
         else:
             raise exc  # a bad request or a bug: the caller gets the error
         self._finish_sends(d, handles[1:])

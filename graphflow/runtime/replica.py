@@ -170,8 +170,12 @@ class ReplicaWorker:
             out.append((n, times[len(times) // 2]))
         return out
 
+    def max_positions(self) -> int:
+        """The longest context this replica's model accepts (0: no stated limit)."""
+        return int(getattr(self.engine.config, "max_position_embeddings", 0) or 0)
+
     def _check_length(self, n: int) -> None:
-        limit = int(getattr(self.engine.config, "max_position_embeddings", 0) or 0)
+        limit = self.max_positions()
         if limit and n > limit:
             raise ValueError(f"the context needs {n} positions but {self.config.model} accepts at most {limit}; "
                              "shorten the task or its workflow's outputs")  # fmt: skip
