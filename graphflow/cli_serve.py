@@ -73,10 +73,14 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         address: str = typer.Option("", help="Ray cluster to deploy on ('' = start a local head)."),
         capacity_mib: int = typer.Option(1024, help="KV block store budget per replica (MiB)."),
         detach: bool = typer.Option(False, "--detach", help="Leave the deployment running and return."),
+        snapshot_dir: str = typer.Option(
+            "", help="Where the KV manager snapshots its catalog ('' = $GRAPHFLOW_CACHE/manager-snapshot)."
+        ),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     ) -> None:
         """Start the KV manager and N replica actors (named, so clients can attach)."""
         from graphflow.client import CALIBRATION_KEY, calibrate_cluster
+        from graphflow.models.fetch import cache_root
         from graphflow.models.registry import resolve
         from graphflow.runtime.actors import RayCluster
         from graphflow.runtime.cluster import connect, start_head
@@ -89,7 +93,8 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             head = start_head()
             ray = connect("auto")
         say(f"starting {replicas} replicas of {model}")
-        cluster = RayCluster.start(ray, model, replicas, capacity_mib << 20, detached=True)
+        snapshots = snapshot_dir or str(cache_root() / "manager-snapshot")
+        cluster = RayCluster.start(ray, model, replicas, capacity_mib << 20, detached=True, snapshot_dir=snapshots)
         say("measuring prefill and replica-to-replica transfer costs for the scheduler")
         calibration = calibrate_cluster(cluster)
         cluster.share(CALIBRATION_KEY, calibration)
@@ -98,6 +103,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             "client_address": head.replace(":6379", ":10001") if "ray://" not in head else head,
             "replicas": cluster.replicas,
             "model": model,
+            "snapshot_dir": snapshots,
             "link_bandwidth_bytes_per_s": calibration.link.bandwidth_bytes_per_s,
             "link_latency_s": calibration.link.latency_s,
         }

@@ -31,17 +31,22 @@ _SEQ_BITS = 20
 
 
 class UcxTransport(MessageTransport):
-    """Args: ``error_handling``: UCX endpoint error handling (see module doc; default off)."""
+    """Args: ``error_handling``: UCX endpoint error handling (see module doc; default off).
+    ``net_devices``: the network devices UCX may open (UCX's ``NET_DEVICES``, e.g. ``"lo"``
+    or ``"mlx5_0:1,eth0"``); ``""`` takes ``GRAPHFLOW_UCX_NET_DEVICES`` from the environment,
+    else UCX's default (all). Restrict it to the cluster network in deployments."""
 
     name = "ucx"
 
-    def __init__(self, config: TransportConfig | None = None, error_handling: bool = False) -> None:
+    def __init__(self, config: TransportConfig | None = None, error_handling: bool = False,
+                 net_devices: str = "") -> None:  # fmt: skip
         super().__init__(config)
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
         import ucxx
 
         self._ucxx = ucxx
         self.error_handling = error_handling
+        self.net_devices = net_devices or os.environ.get("GRAPHFLOW_UCX_NET_DEVICES", "")
         self._endpoints: dict[str, Any] = {}
         # NOTE: buffers of messages abandoned on timeout stay referenced until close(), so a
         # late arrival can never write into freed memory.
@@ -49,13 +54,18 @@ class UcxTransport(MessageTransport):
         self._address: str = self.run(self._init())
 
     async def _init(self) -> str:
-        self._ucxx.init()
+        # NOTE: UCX options are per process: the first transport created in a process sets them
+        self._ucxx.init(options={"NET_DEVICES": self.net_devices} if self.net_devices else {})
         self._ucxx.core._get_ctx().continuous_ucx_progress()
         return bytes(self._ucxx.get_worker_address()).hex()
 
     @property
     def address(self) -> str:
         return self._address
+
+    def net_devices_in_use(self) -> str:
+        """What UCX was configured with (``NET_DEVICES``), as UCX reports it."""
+        return str(self._ucxx.get_config().get("NET_DEVICES", ""))
 
     def _tag(self, sender: str, spec: TransferSpec, seq: int) -> Any:
         if seq >= 1 << _SEQ_BITS:

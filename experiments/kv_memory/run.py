@@ -80,13 +80,14 @@ def kl_and_agreement(ref_logits: torch.Tensor, logits: torch.Tensor) -> tuple[fl
 
 
 @torch.inference_mode()
-def teacher_forced(engine: Engine, prefix_kv: torch.Tensor, template_kv: torch.Tensor, feed: list[int]) -> torch.Tensor:
-    """Logits after ``prefix · template[:-1]`` (given KV) when ``feed`` (the template's last token
-    then the exact run's generated tokens but the last) is run through the model."""
-    kv = torch.cat((prefix_kv, template_kv[:, :, :, :-1].to(prefix_kv.dtype)), dim=3)
+def teacher_forced(engine: Engine, prefix_kv: torch.Tensor, template_kv: torch.Tensor, template: list[int],
+                   generated: list[int], tail: int = 1) -> torch.Tensor:  # fmt: skip
+    """Logits predicting each generated token when the template's KV is given for all but its
+    last ``tail`` tokens, which are recomputed exactly with the generated tokens but the last."""
+    kv = torch.cat((prefix_kv, template_kv[:, :, :, : len(template) - tail].to(prefix_kv.dtype)), dim=3)
     cache = cache_from_tensor(kv, engine.config)
-    ids = torch.tensor([feed], dtype=torch.long)
-    return engine.model(input_ids=ids, cache=cache, use_cache=True).logits[0].float()
+    ids = torch.tensor([[*template[len(template) - tail :], *generated[:-1]]], dtype=torch.long)
+    return engine.model(input_ids=ids, cache=cache, use_cache=True).logits[0, tail - 1 :].float()
 
 
 def unique_tokens(seqs: list[list[int]]) -> int:
@@ -104,7 +105,7 @@ def unique_tokens(seqs: list[list[int]]) -> int:
 
 
 def run(model: str, n_tasks: int, decode: int, refs: int, min_count: int, codecs: tuple[ResidualCodec, ...],
-        max_task_tokens: int, say: Any = print) -> dict[str, Any]:  # fmt: skip
+        max_task_tokens: int, recompute_tail: int = 1, say: Any = print) -> dict[str, Any]:  # fmt: skip
     engine = Engine.load(model)
     enc = engine.tokenizer.encode
     rope = engine.identity.rope
@@ -158,7 +159,6 @@ def run(model: str, n_tasks: int, decode: int, refs: int, min_count: int, codecs
             nodes.append(
                 Node(w, key, len(prefix), len(tmpl), len(ctx) + len(generated), exact.numel() * exact.element_size())
             )
-            feed = [tmpl[-1], *generated[:-1]]
             learning = next(iter(stores.values())).wants(key)
             if not learning and key.op in bases:
                 stateless = apply_residual(bases[key.op], None, len(prefix), rope)
@@ -170,12 +170,15 @@ def run(model: str, n_tasks: int, decode: int, refs: int, min_count: int, codecs
                     if approx is not None:
                         scored[label] = approx
                 for label, approx in scored.items():
-                    agree, kl = kl_and_agreement(ref_logits, teacher_forced(engine, prefix_kv, approx, feed))
-                    res = stores[label].residuals.get(key) if label in stores else None
-                    rows.append({"workflow": w, "node": node.id, "path": str(key), "hot": key in hot, "codec": label,
-                                 "agreement": agree, "kl": kl, "offset": len(prefix), "template_tokens": len(tmpl),
-                                 "residual_bytes": res.encoded.nbytes if res else 0,
-                                 "dense_template_bytes": exact.numel() * exact.element_size()})  # fmt: skip
+                    for tail in (1, *((recompute_tail,) if recompute_tail > 1 and label in stores else ())):
+                        logits = teacher_forced(engine, prefix_kv, approx, tmpl, generated, tail)
+                        agree, kl = kl_and_agreement(ref_logits, logits)
+                        res = stores[label].residuals.get(key) if label in stores else None
+                        rows.append({"workflow": w, "node": node.id, "path": str(key), "hot": key in hot,
+                                     "codec": label if tail == 1 else f"{label}, last {tail} recomputed",
+                                     "agreement": agree, "kl": kl, "offset": len(prefix),
+                                     "template_tokens": len(tmpl), "residual_bytes": res.encoded.nbytes if res else 0,
+                                     "dense_template_bytes": exact.numel() * exact.element_size()})  # fmt: skip
             for store in (*stores.values(), *pruned.values()):
                 store.observe(key, exact, len(prefix))
         stateful.append(held)
@@ -197,12 +200,14 @@ def summarize(r: dict[str, Any], target_sd: float = 0.2) -> dict[str, Any]:
         by_codec[row["codec"]].append(row)
     dense_tmpl = statistics.median(row["dense_template_bytes"] for row in rows) if rows else 0
     curve = []
-    for label, store in stores.items():
-        sel = [x for x in by_codec.get(label, []) if x["hot"]]
+    variants = [(v, s) for s in stores for v in by_codec if v == s or v.startswith(f"{s}, last ")]
+    for variant, label in variants:
+        store = stores[label]
+        sel = [x for x in by_codec.get(variant, []) if x["hot"]]
         if not sel:
             continue
         sd = statistics.median(x["residual_bytes"] / x["dense_template_bytes"] for x in sel)
-        curve.append({"codec": label, "residual_to_dense": sd,
+        curve.append({"codec": variant, "store": label, "residual_to_dense": sd,
                       "agreement": statistics.fmean(x["agreement"] for x in sel),
                       "kl": statistics.fmean(x["kl"] for x in sel), "scored": len(sel),
                       "differential_bytes": sum(pruned[label].nbytes().values()),
@@ -222,7 +227,7 @@ def summarize(r: dict[str, Any], target_sd: float = 0.2) -> dict[str, Any]:
     template_tokens = sum(n.template_tokens for n in nodes)
     non_template = sum(r["whole_tokens"]) - template_tokens
     conc = []
-    op_store = r["pruned"][op["codec"]]
+    op_store = r["pruned"][op["store"]]
     for n in CONCURRENCY:
         if n > len(r["stateful"]):
             continue
@@ -266,9 +271,7 @@ def summarize(r: dict[str, Any], target_sd: float = 0.2) -> dict[str, Any]:
         },  # fmt: skip
         "concurrency": conc,
         "template_prefill_s_median": statistics.median(t["template_prefill_s"]),
-        "reconstruct_s_median": statistics.median(t[f"reconstruct_s:{op['codec']}"])
-        if t.get(f"reconstruct_s:{op['codec']}")
-        else None,  # fmt: skip
+        "reconstruct_s_median": statistics.median(rec) if (rec := t.get(f"reconstruct_s:{op['store']}")) else None,
     }
 
 
@@ -345,6 +348,12 @@ def main() -> None:
     p.add_argument("--refs", type=int, default=4, help="exact executions averaged into a path's residual")
     p.add_argument("--min-count", type=int, default=10, help="executions that make a path key hot")
     p.add_argument("--max-task-tokens", type=int, default=384)
+    p.add_argument(
+        "--recompute-tail",
+        type=int,
+        default=4,
+        help="also score each codec with the template's last K tokens recomputed exactly (1 = off)",
+    )
     p.add_argument("--quick", action="store_true", help="6 tasks, 4 tokens, two codecs (≤ 60 s)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     args = p.parse_args()
@@ -352,11 +361,24 @@ def main() -> None:
         args.tasks, args.decode, args.refs, args.min_count = 6, 4, 1, 2
     codecs = QUICK_CODECS if args.quick else CODECS
     say = (lambda _m: None) if args.json else print
-    r = run(args.model, args.tasks, args.decode, args.refs, args.min_count, codecs, args.max_task_tokens, say)
+    if args.recompute_tail < 1:
+        raise SystemExit("--recompute-tail must be at least 1")
+    r = run(
+        args.model,
+        args.tasks,
+        args.decode,
+        args.refs,
+        args.min_count,
+        codecs,
+        args.max_task_tokens,
+        args.recompute_tail,
+        say,
+    )
     if not r["rows"]:
         raise SystemExit("no execution was scored: every path key was still learning; run more --tasks")
     s = summarize(r)
-    settings = {k: getattr(args, k) for k in ("tasks", "decode", "refs", "min_count", "max_task_tokens", "quick")}
+    keys = ("tasks", "decode", "refs", "min_count", "max_task_tokens", "recompute_tail", "quick")
+    settings = {k: getattr(args, k) for k in keys}
     results = HERE / "results"
     write_csv(results / "executions.csv", r["rows"])
     (results / "summary.json").write_text(json.dumps({"model": args.model, **settings, **s}, indent=2))

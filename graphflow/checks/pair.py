@@ -1,6 +1,6 @@
 """Entry point of one process of a two-process check or benchmark.
 
-``python -m graphflow.checks.pair --job transfer|bench --backend ucx|mpi --role 0|1
+``python -m graphflow.checks.pair --job transfer|bench|sweep|probe|ttft --backend ucx|mpi --role 0|1
 --rendezvous DIR [job options]``. Under ``mpirun`` the role is the rank. Each process writes
 ``DIR/result{role}.json``.
 """
@@ -21,7 +21,7 @@ from transport.registry import create
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--job", choices=["transfer", "bench", "sweep", "probe"], required=True)
+    p.add_argument("--job", choices=["transfer", "bench", "sweep", "probe", "ttft"], required=True)
     p.add_argument("--backend", choices=["ucx", "mpi"], required=True)
     p.add_argument("--role", type=int, default=-1)
     p.add_argument("--rendezvous", required=True)
@@ -34,6 +34,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--contexts", default="256,1024")
+    p.add_argument("--suffix", type=int, default=64)
     return p.parse_args(argv)
 
 
@@ -64,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
 
             contexts = [int(c) for c in args.contexts.split(",")]
             result = sweep_side(transport, args.role, peer, SweepPlan(args.model, contexts, args.repeats))  # type: ignore[arg-type]
+        elif args.job == "ttft":
+            from graphflow.bench.ttft import TtftPlan, ttft_side
+
+            contexts = [int(c) for c in args.contexts.split(",")]
+            ttft_plan = TtftPlan(args.model, contexts, args.suffix, args.repeats)
+            result = ttft_side(transport, args.role, peer, ttft_plan)  # type: ignore[arg-type]
         else:
             from graphflow.bench.transport_pair import BenchPlan, run_pair
 

@@ -1,0 +1,130 @@
+"""TTFT of an agent whose upstream state lives on another replica: ours vs dense, text replay
+and local prefix reuse, against the physical bound.
+
+``python -m experiments.ttft.run [--models qwen2-0.5b-shape,smollm2-135m] [--contexts 1024,4096,8192,16384]
+[--quick] [--json]``
+
+Each model runs as two UCX processes (replica A holds the state, replica B runs the agent);
+see ``graphflow/bench/ttft.py`` for what each system's timing covers. Writes
+``results/ttft.csv``, ``meta.json``, ``results/ttft.png`` and the README table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from experiments.common import read_csv, replace_section, write_csv, write_meta
+from graphflow.checks.launch import run_two_processes
+
+HERE = Path(__file__).parent
+SYSTEMS = ("dense", "text", "local", "ours")
+PUBLISHED = "AAFLOW+ reports TTFT up to 50.2× faster than dense prefill (published, modeled in their code)"
+
+
+def measure(model: str, contexts: list[int], suffix: int, repeats: int) -> list[dict[str, Any]]:
+    job = ["--job", "ttft", "--model", model, "--contexts", ",".join(map(str, contexts)), "--suffix", str(suffix),
+           "--repeats", str(repeats), "--timeout", "1200"]  # fmt: skip
+    _, got = run_two_processes("ucx", job, timeout_s=7200)
+    bw = got["raw_bandwidth_bytes_per_s"]
+    rows = []
+    for r in got["rows"]:
+        bound = r["forward_s"] + r["nbytes"] / bw
+        rows.append({"model": model, **r, "raw_bandwidth_bytes_per_s": bw, "bound_s": bound,
+                     "ours_over_bound": r["ours_s"] / bound, "dense_over_ours": r["dense_s"] / r["ours_s"],
+                     "text_over_ours": r["text_s"] / r["ours_s"]})  # fmt: skip
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def f(r: dict[str, Any], k: str) -> float:
+        return float(r[k])
+
+    longest = {}
+    for r in rows:
+        if r["model"] not in longest or int(r["context"]) > int(longest[r["model"]]["context"]):
+            longest[r["model"]] = r
+    qwen = longest.get("qwen2-0.5b-shape")
+    return {
+        "ttft_ratio_16k": f(qwen, "dense_over_ours") if qwen and int(qwen["context"]) >= 16384 else None,
+        "ttft_ratio_longest": {m: f(r, "dense_over_ours") for m, r in longest.items()},
+        "ttft_over_bound_max": max(f(r, "ours_over_bound") for r in rows),
+        "omega_ms": max(f(r, "omega_s") for r in rows) * 1e3,
+        "rows": len(rows),
+    }
+
+
+def table(rows: list[dict[str, str]]) -> str:
+    lines = ["| model | context | dense s | text replay s | local reuse s | ours s | bound s | ours ÷ bound "
+             "| dense ÷ ours | Ω ms |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['context']} | {float(r['dense_s']):.3f} | {float(r['text_s']):.3f} "
+                     f"| {float(r['local_s']):.3f} | {float(r['ours_s']):.3f} | {float(r['bound_s']):.3f} "
+                     f"| {float(r['ours_over_bound']):.2f} | {float(r['dense_over_ours']):.1f} "
+                     f"| {float(r['omega_s']) * 1e3:.2f} |")  # fmt: skip
+    bw = {r["model"]: float(r["raw_bandwidth_bytes_per_s"]) / 1e9 for r in rows}
+    lines.append("\nRaw UCX bandwidth probed in the same run (GB/s): "
+                 + ", ".join(f"{m} {v:.2f}" for m, v in bw.items()) + f". {PUBLISHED}.")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, str]], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+    for ax, m in zip(axes[0], models, strict=True):
+        sel = [r for r in rows if r["model"] == m]
+        xs = [int(r["context"]) for r in sel]
+        for key, style in (("dense_s", "-o"), ("text_s", "--x"), ("local_s", "-s"), ("ours_s", "-^"),
+                           ("bound_s", ":")):  # fmt: skip
+            ax.plot(xs, [float(r[key]) for r in sel], style, label=key.removesuffix("_s"))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(m)
+        ax.set_xlabel("upstream context tokens")
+        ax.set_ylabel("TTFT (s)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="qwen2-0.5b-shape,smollm2-135m")
+    p.add_argument("--contexts", default="1024,4096,8192,16384")
+    p.add_argument("--suffix", type=int, default=64, help="the agent's own prompt tokens")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="smollm2-135m at 256 and 1024 tokens, 1 repeat (≤ 60 s)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    args = p.parse_args()
+    if args.quick:
+        args.models, args.contexts, args.repeats = "smollm2-135m", "256,1024", 1
+    contexts = [int(c) for c in args.contexts.split(",")]
+    if any(c < 16 for c in contexts) or args.suffix < 1 or args.repeats < 1:
+        raise SystemExit("contexts must be at least 16 tokens, --suffix and --repeats at least 1")
+    rows: list[dict[str, Any]] = []
+    for model in args.models.split(","):
+        if not args.json:
+            print(f"{model}: contexts {contexts}")
+        rows += measure(model, contexts, args.suffix, args.repeats)
+    results = HERE / "results"
+    write_csv(results / "ttft.csv", rows)
+    write_meta(HERE, models=args.models.split(","), contexts=contexts, suffix=args.suffix, repeats=args.repeats,
+               quick=args.quick, backend="ucx", processes=2)  # fmt: skip
+    stored = read_csv(results / "ttft.csv")
+    summary = summarize(rows)
+    (results / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot(stored, results / "ttft.png")
+    replace_section(HERE / "README.md", "table", table(stored))
+    print(json.dumps(summary) if args.json else table(stored))
+
+
+if __name__ == "__main__":
+    main()

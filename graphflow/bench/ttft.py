@@ -1,0 +1,132 @@
+"""Time to first token of an agent whose upstream context lives on another replica.
+
+Two processes (``python -m graphflow.checks.pair --job ttft``): role 0 is replica A, which
+computed the upstream agent's state (``L`` context tokens); role 1 is replica B, where the
+next agent runs with its own ``S``-token suffix. B measures, per context, from the moment the
+request reaches it to its first token (median of ``repeats`` after one warm-up):
+
+* ``ours`` — B asks A for the state (a control message), receives the KV blocks over the
+  transport, rebuilds the cache and runs only the suffix;
+* ``local`` — B already holds the blocks (a prefix-cache hit, what vLLM/SGLang give on the
+  same replica): rebuild + suffix;
+* ``text`` — the upstream text is re-tokenized and everything prefilled (AAFLOW's text mode);
+* ``dense`` — the token ids are prefilled from scratch.
+
+``bound`` = the suffix forward measured in ``ours`` + KV bytes ÷ the raw transport bandwidth
+probed in the same run; ``omega`` = ``ours`` minus its receive, rebuild and forward parts (the
+request message and everything else the path adds).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphflow.checks.transfer import spec_for_prompt
+from graphflow.kv.codec import from_wire, to_wire
+from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
+from graphflow.models.engine import Engine
+from graphflow.models.prompts import prompt_token_ids
+from scheduler.calibrate import fit_link
+from transport.base import MessageTransport, TransferSpec
+from transport.probe import probe_pair
+
+__all__ = ["TtftPlan", "ttft_side"]
+
+GO, DONE = 11, 12
+_AGENT = "\nNext agent: check the reasoning above and give the final answer as a number.\n"
+
+
+@dataclass(frozen=True, slots=True)
+class TtftPlan:
+    model: str
+    contexts: list[int]
+    suffix_tokens: int = 64
+    repeats: int = 3
+    probe_mib: tuple[int, ...] = (4, 16, 64)
+
+
+def _suffix(engine: Engine, n: int) -> list[int]:
+    ids = engine.tokenizer.encode(_AGENT)
+    return (ids * (n // max(1, len(ids)) + 1))[:n]
+
+
+def _first_token(engine: Engine, ids: list[int], cache: Any = None) -> tuple[int, float]:
+    out = engine.prefill(ids, cache)
+    return int(torch.argmax(out.logits)), out.seconds
+
+
+def ttft_side(t: MessageTransport, role: int, peer: str, plan: TtftPlan) -> dict[str, Any]:
+    engine = Engine.load(plan.model)
+    bpt, bt = engine.kv_bytes_per_token(), 16
+    ids = itertools.count(1 << 24)
+    sizes = [m << 20 for m in plan.probe_mib]
+    probe = probe_pair(t, role, peer, sizes, bpt * bt, plan.repeats)
+    out: dict[str, Any] = {"role": role, "model": plan.model, "kv_bytes_per_token": bpt, "rows": []}
+    if role == 1:
+        link = fit_link(probe, "raw")
+        out["raw_bandwidth_bytes_per_s"] = link.bandwidth_bytes_per_s
+    suffix = _suffix(engine, plan.suffix_tokens)
+    for n in plan.contexts:
+        upstream = prompt_token_ids(engine.tokenizer, n)
+        held = n // bt * bt  # whole blocks move; the partial last block is recomputed with the suffix
+        if role == 0:
+            blocks = cache_to_blocks(engine.prefill(upstream).cache, upstream[:held], engine.identity, bt)
+            headers, tensors = to_wire(blocks)
+            for _ in range(plan.repeats + 1):
+                t.recv_control(peer, GO, 1)
+                t.send(TransferSpec.for_headers(next(ids), peer, headers), headers, tensors)
+            t.recv_control(peer, DONE, 1)
+            continue
+        out["rows"].append(_agent_side(t, peer, engine, plan, upstream, held, suffix, ids))
+        t.send_control(peer, DONE, b"d")
+    return out
+
+
+def _agent_side(t: MessageTransport, peer: str, engine: Engine, plan: TtftPlan, upstream: list[int], held: int,
+                suffix: list[int], ids: Any) -> dict[str, Any]:  # fmt: skip
+    rest = upstream[held:] + suffix
+    parts: dict[str, list[float]] = {k: [] for k in ("ours", "recv", "rebuild", "forward", "local", "text", "dense")}
+    firsts: set[int] = set()
+    blocks: list[Any] = []
+    for r in range(plan.repeats + 1):
+        t0 = time.perf_counter()
+        t.send_control(peer, GO, b"g")  # the request reached B: ask A for the state
+        got = t.recv(spec_for_prompt(engine.identity, upstream[:held], 16, peer, next(ids)))
+        t1 = time.perf_counter()
+        blocks = from_wire(got.headers, got.tensors)
+        cache = blocks_to_cache(blocks, engine.identity, engine.config)
+        t2 = time.perf_counter()
+        first, _ = _first_token(engine, rest, cache)
+        t3 = time.perf_counter()
+        firsts.add(first)
+        if r:
+            for k, v in (("ours", t3 - t0), ("recv", t1 - t0), ("rebuild", t2 - t1), ("forward", t3 - t2)):
+                parts[k].append(v)
+    for r in range(plan.repeats + 1):
+        t0 = time.perf_counter()
+        first, _ = _first_token(engine, rest, blocks_to_cache(blocks, engine.identity, engine.config))
+        if r:
+            parts["local"].append(time.perf_counter() - t0)
+        firsts.add(first)
+    text = engine.tokenizer.decode(upstream)
+    for r in range(plan.repeats if len(upstream) > 4096 else plan.repeats + 1):
+        t0 = time.perf_counter()
+        first, _ = _first_token(engine, engine.tokenizer.encode(text) + suffix)
+        if r or len(upstream) > 4096:  # NOTE: long prefills are their own warm-up
+            parts["text"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        dense_first, _ = _first_token(engine, upstream + suffix)
+        if r or len(upstream) > 4096:
+            parts["dense"].append(time.perf_counter() - t0)
+        firsts.add(dense_first)
+    med = {k: statistics.median(v) for k, v in parts.items()}
+    nbytes = held * engine.kv_bytes_per_token()
+    return {"context": len(upstream), "suffix": len(suffix), "nbytes": nbytes, **{f"{k}_s": v for k, v in med.items()},
+            "omega_s": med["ours"] - med["recv"] - med["rebuild"] - med["forward"],
+            "same_first_token": len(firsts) == 1}  # fmt: skip
