@@ -29,6 +29,8 @@ def measure(model: str, contexts: list[int], suffix: int, repeats: int) -> list[
            "--repeats", str(repeats), "--timeout", "1200"]  # fmt: skip
     _, got = run_two_processes("ucx", job, timeout_s=7200)
     bw = got["raw_bandwidth_bytes_per_s"]
+    if got["skipped_contexts"]:
+        print(f"{model}: skipped contexts {got['skipped_contexts']} (beyond the model's positions)")
     rows = []
     for r in got["rows"]:
         bound = r["forward_s"] + r["nbytes"] / bw

@@ -72,7 +72,10 @@ def ttft_side(t: MessageTransport, role: int, peer: str, plan: TtftPlan) -> dict
         link = fit_link(probe, "raw")
         out["raw_bandwidth_bytes_per_s"] = link.bandwidth_bytes_per_s
     suffix = _suffix(engine, plan.suffix_tokens)
-    for n in plan.contexts:
+    limit = int(getattr(engine.config, "max_position_embeddings", 0) or 0)
+    fits = [n for n in plan.contexts if not limit or n + len(suffix) <= limit]  # same on both sides
+    out["skipped_contexts"] = [n for n in plan.contexts if n not in fits]
+    for n in fits:
         upstream = prompt_token_ids(engine.tokenizer, n)
         held = n // bt * bt  # whole blocks move; the partial last block is recomputed with the suffix
         if role == 0:
