@@ -12,9 +12,8 @@ request reaches it to its first token (median of ``repeats`` after one warm-up):
 * ``text`` — the upstream text is re-tokenized and everything prefilled (AAFLOW's text mode);
 * ``dense`` — the token ids are prefilled from scratch.
 
-``bound`` = the suffix forward measured in ``ours`` + KV bytes ÷ the raw transport bandwidth
-probed in the same run; ``omega`` = ``ours`` minus its receive, rebuild and forward parts (the
-request message and everything else the path adds).
+``ours`` is also split into its receive (request message included), cache rebuild and forward
+parts. The bound and Ω are derived by ``experiments/ttft/run.py``.
 """
 
 from __future__ import annotations
@@ -27,14 +26,13 @@ from typing import Any
 
 import torch
 
+from graphflow.bench.transport_pair import BenchPlan, run_pair
 from graphflow.checks.transfer import spec_for_prompt
 from graphflow.kv.codec import from_wire, to_wire
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
-from scheduler.calibrate import fit_link
 from transport.base import MessageTransport, TransferSpec
-from transport.probe import probe_pair
 
 __all__ = ["TtftPlan", "ttft_side"]
 
@@ -48,7 +46,7 @@ class TtftPlan:
     contexts: list[int]
     suffix_tokens: int = 64
     repeats: int = 3
-    probe_mib: tuple[int, ...] = (4, 16, 64)
+    raw_mib: int = 64
 
 
 def _suffix(engine: Engine, n: int) -> list[int]:
@@ -65,12 +63,10 @@ def ttft_side(t: MessageTransport, role: int, peer: str, plan: TtftPlan) -> dict
     engine = Engine.load(plan.model)
     bpt, bt = engine.kv_bytes_per_token(), 16
     ids = itertools.count(1 << 24)
-    sizes = [m << 20 for m in plan.probe_mib]
-    probe = probe_pair(t, role, peer, sizes, bpt * bt, plan.repeats)
-    out: dict[str, Any] = {"role": role, "model": plan.model, "kv_bytes_per_token": bpt, "rows": []}
-    if role == 1:
-        link = fit_link(probe, "raw")
-        out["raw_bandwidth_bytes_per_s"] = link.bandwidth_bytes_per_s
+    # the raw reference (one plain message per transfer) and our block transfer, in this run
+    bench = run_pair(t, role, peer, BenchPlan([plan.raw_mib << 20], 1 << 20, iters=3, warmup=1, repeats=3))
+    out: dict[str, Any] = {"role": role, "model": plan.model, "kv_bytes_per_token": bpt, "rows": [],
+                           "transport_rows": bench}  # fmt: skip
     suffix = _suffix(engine, plan.suffix_tokens)
     limit = int(getattr(engine.config, "max_position_embeddings", 0) or 0)
     fits = [n for n in plan.contexts if not limit or n + len(suffix) <= limit]  # same on both sides
@@ -131,5 +127,4 @@ def _agent_side(t: MessageTransport, peer: str, engine: Engine, plan: TtftPlan, 
     med = {k: statistics.median(v) for k, v in parts.items()}
     nbytes = held * engine.kv_bytes_per_token()
     return {"context": len(upstream), "suffix": len(suffix), "nbytes": nbytes, **{f"{k}_s": v for k, v in med.items()},
-            "omega_s": med["ours"] - med["recv"] - med["rebuild"] - med["forward"],
             "same_first_token": len(firsts) == 1}  # fmt: skip
