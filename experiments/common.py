@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_csv", "replace_section", "write_csv", "write_meta"]
+__all__ = ["read_csv", "replace_section", "save_figure", "write_csv", "write_meta"]
 
 _PACKAGES = ("torch", "transformers", "ray", "pyarrow", "numpy", "torch-geometric", "ucxx-cu12", "mpi4py")
 
@@ -62,3 +62,12 @@ def replace_section(readme: Path, name: str, body: str) -> None:
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     readme.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
+
+
+def save_figure(fig: Any, png: Path) -> None:
+    """Lay out, write and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)

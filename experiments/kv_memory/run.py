@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from experiments.common import replace_section, write_csv, write_meta
+from experiments.common import replace_section, save_figure, write_csv, write_meta
 from graphflow.kv.differential import ResidualCodec, apply_residual, base_kv
 from graphflow.kv.diffstore import DifferentialKV, KVMode
 from graphflow.kv.packing import cache_from_tensor, stack_cache
@@ -335,9 +335,7 @@ def plot(s: dict[str, Any], png: Path) -> None:
     ax.set_xlabel("residual bytes ÷ dense template KV bytes (S/D)")
     ax.set_ylabel("teacher-forced next-token agreement")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from experiments.common import read_csv, replace_section, write_csv, write_meta
+from experiments.common import read_csv, replace_section, save_figure, write_csv, write_meta
 from graphflow.checks.launch import run_two_processes
 
 HERE = Path(__file__).parent
@@ -100,9 +100,7 @@ def plot(rows: list[dict[str, str]], png: Path) -> None:
         ax.set_xlabel("upstream context tokens")
         ax.set_ylabel("TTFT (s)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 def main() -> None:
