@@ -7,13 +7,12 @@ batched events; a workflow node needs at most two round trips:
    match so it is not evicted while the node runs;
 2. ``apply(events)`` — the node's admits (new blocks + state with lineage) and evictions.
 
-Times are passed in (``now_s``), never read from a clock here.
+Times are passed in (``now_s``), never read from a clock here (only snapshot pacing, in
+``graphflow.kv.manager_snapshot``, reads a monotonic clock).
 """
 
 from __future__ import annotations
 
-import shutil
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +34,7 @@ from graphflow.kv.events import (
     batch_from_blocks,
     take_rows,
 )
-from graphflow.kv.state_table import read_states, write_states
+from graphflow.kv.manager_snapshot import Snapshots
 from scheduler.eviction import EvictionWeights, eviction_order, eviction_scores
 
 __all__ = [
@@ -53,7 +52,7 @@ __all__ = [
 ]
 
 
-class KVStateManager:
+class KVStateManager(Snapshots):
     """Catalog + states + replicas; see the module docstring for the call pattern."""
 
     def __init__(self, block_tokens: int = 16, epoch_s: float = 0.0, weights: EvictionWeights | None = None) -> None:
@@ -395,65 +394,6 @@ class KVStateManager:
     def _same_source(self, key: int, action: str, replica: str, source: str) -> bool:
         holders = self.locate(key)
         return replica in holders if action == "reuse" else (replica not in holders and source in holders)
-
-    # ---- snapshot ------------------------------------------------------------------------
-    def snapshot(self, folder: str | Path) -> None:
-        """Write ``catalog.parquet`` and ``states.parquet`` (plus replicas) into ``folder``.
-
-        Written into a sibling folder first and swapped in, so a crash mid-write leaves the
-        previous snapshot whole."""
-        folder = Path(folder)
-        tmp, old = folder.with_name(folder.name + ".new"), folder.with_name(folder.name + ".old")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.catalog.write_parquet(tmp / "catalog.parquet")
-        write_states(tmp / "states.parquet", list(self._states.values()), self.replicas, self.block_tokens)
-        shutil.rmtree(old, ignore_errors=True)
-        if folder.exists():
-            folder.rename(old)
-        tmp.rename(folder)
-        shutil.rmtree(old, ignore_errors=True)
-
-    def enable_snapshots(self, folder: str | Path, every_s: float = 5.0) -> None:
-        """Snapshot into ``folder`` after event batches, at most once every ``every_s`` seconds."""
-        if every_s < 0:
-            raise ValueError(f"every_s must be non-negative, got {every_s}")
-        self._snapshots = (Path(folder), every_s)
-        self._last_snapshot = float("-inf")
-
-    def _maybe_snapshot(self) -> None:
-        if self._snapshots is None:
-            return
-        folder, every_s = self._snapshots
-        now = time.monotonic()
-        if now - self._last_snapshot >= every_s:
-            self.snapshot(folder)
-            self._last_snapshot = now
-
-    @classmethod
-    def restore(cls, folder: str | Path, weights: EvictionWeights | None = None) -> KVStateManager:
-        """A manager rebuilt from :meth:`snapshot`; ``ValueError`` for another schema version."""
-        mgr = cls(weights=weights)
-        mgr.load_snapshot(folder)
-        return mgr
-
-    def load_snapshot(self, folder: str | Path) -> int:
-        """Replace this manager's contents with a :meth:`snapshot` (how a restarted manager
-        actor recovers); returns the number of states restored."""
-        folder = Path(folder)
-        if not (folder / "states.parquet").is_file():
-            raise ValueError(f"no manager snapshot in {folder}; start from an empty manager instead")
-        records, replicas, block_tokens = read_states(folder / "states.parquet")
-        self.catalog = Catalog.read_parquet(folder / "catalog.parquet")
-        self.block_tokens = block_tokens
-        self._replicas = {info.name: info for info in replicas}
-        self._states = {}
-        self._children = {}
-        for rec in records:
-            self._states[rec.state.state_id] = rec
-            for p in rec.state.lineage.parents:
-                self._children.setdefault(p, set()).add(rec.state.state_id)
-        return len(records)
 
     # ---- invariants ----------------------------------------------------------------------
     def check_integrity(self) -> None:

@@ -8,6 +8,7 @@ for everything we start and explain it when a connection is refused.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 __all__ = ["connect", "shutdown", "start_head", "start_local", "stop_head"]
@@ -40,15 +41,25 @@ def connect(address: str, namespace: str = "graphflow") -> Any:
     if ray.is_initialized():
         return ray
     _check_reachable(address)
-    try:
-        ray.init(address=address, namespace=namespace, log_to_driver=False)
-    except ConnectionError as exc:
-        raise ConnectionError(
-            f"could not connect to Ray at {address}: {exc}. Ray 2.60 clusters use token auth: set "
-            "RAY_AUTH_MODE=token for both the head (ray start) and this client, with the head's token "
-            "(RAY_AUTH_TOKEN or ~/.ray/auth_token)"
-        ) from None
-    return ray
+    # NOTE: the Ray client server sometimes fails to start the per-client server it needs
+    # ("Initialization failure from server") when a client connects right after another one
+    # left; that is transient, so ray:// connects are tried three times
+    attempts = 3 if address.startswith("ray://") else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address=address, namespace=namespace, log_to_driver=False)
+            return ray
+        except ConnectionError as exc:
+            ray.shutdown()
+            if "Initialization failure from server" in str(exc) and attempt < attempts:
+                time.sleep(2.0 * attempt)
+                continue
+            raise ConnectionError(
+                f"could not connect to Ray at {address} ({str(exc).splitlines()[0]}). Ray 2.60 clusters use "
+                "token auth: set RAY_AUTH_MODE=token for both the head (ray start) and this client, with the "
+                "head's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
+            ) from None
+    raise AssertionError("unreachable")
 
 
 def start_head(port: int = 6379, client_port: int = 10001) -> str:
