@@ -58,10 +58,7 @@ CONCURRENCY = (10, 20, 50)
 class Node:
     workflow: int
     key: PathKey
-    offset: int
     template_tokens: int
-    context_tokens: int
-    exact_bytes: int
 
 
 def plan(planner: Planner, texts: list[str]) -> tuple[list[ExecGraph], PathStats]:
@@ -156,9 +153,7 @@ def run(model: str, n_tasks: int, decode: int, refs: int, min_count: int, codecs
             ref_logits = torch.cat((out.logits[None], dec.logits)) if dec else out.logits[None]
             contexts[node.id], outputs[node.id] = ctx, generated
             held.append(exact)
-            nodes.append(
-                Node(w, key, len(prefix), len(tmpl), len(ctx) + len(generated), exact.numel() * exact.element_size())
-            )
+            nodes.append(Node(w, key, len(tmpl)))
             learning = next(iter(stores.values())).wants(key)
             if not learning and key.op in bases:
                 stateless = apply_residual(bases[key.op], None, len(prefix), rope)

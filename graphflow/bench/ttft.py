@@ -54,9 +54,9 @@ def _suffix(engine: Engine, n: int) -> list[int]:
     return (ids * (n // max(1, len(ids)) + 1))[:n]
 
 
-def _first_token(engine: Engine, ids: list[int], cache: Any = None) -> tuple[int, float]:
+def _first_token(engine: Engine, ids: list[int], cache: Any = None) -> int:
     out = engine.prefill(ids, cache)
-    return int(torch.argmax(out.logits)), out.seconds
+    return int(torch.argmax(out.logits))
 
 
 def ttft_side(t: MessageTransport, role: int, peer: str, plan: TtftPlan) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def _agent_side(t: MessageTransport, peer: str, engine: Engine, plan: TtftPlan, 
         blocks = from_wire(got.headers, got.tensors)
         cache = blocks_to_cache(blocks, engine.identity, engine.config)
         t2 = time.perf_counter()
-        first, _ = _first_token(engine, rest, cache)
+        first = _first_token(engine, rest, cache)
         t3 = time.perf_counter()
         firsts.add(first)
         if r:
@@ -109,18 +109,18 @@ def _agent_side(t: MessageTransport, peer: str, engine: Engine, plan: TtftPlan, 
                 parts[k].append(v)
     for r in range(plan.repeats + 1):
         t0 = time.perf_counter()
-        first, _ = _first_token(engine, rest, blocks_to_cache(blocks, engine.identity, engine.config))
+        first = _first_token(engine, rest, blocks_to_cache(blocks, engine.identity, engine.config))
         if r:
             parts["local"].append(time.perf_counter() - t0)
         firsts.add(first)
     text = engine.tokenizer.decode(upstream)
     for r in range(plan.repeats if len(upstream) > 4096 else plan.repeats + 1):
         t0 = time.perf_counter()
-        first, _ = _first_token(engine, engine.tokenizer.encode(text) + suffix)
+        first = _first_token(engine, engine.tokenizer.encode(text) + suffix)
         if r or len(upstream) > 4096:  # NOTE: long prefills are their own warm-up
             parts["text"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        dense_first, _ = _first_token(engine, upstream + suffix)
+        dense_first = _first_token(engine, upstream + suffix)
         if r or len(upstream) > 4096:
             parts["dense"].append(time.perf_counter() - t0)
         firsts.add(dense_first)

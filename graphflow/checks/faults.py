@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from graphflow.client import calibrate_cluster
-from graphflow.runtime.actors import RayCluster, replica_name
+from graphflow.runtime.actors import NAMESPACE, RayCluster, replica_name
 from graphflow.runtime.errors import error_message, root_cause
 from graphflow.runtime.executor import NodeTrace, RunResult, WorkflowExecutor
 from graphflow.workflow.compile import compile_workflow
@@ -95,8 +95,6 @@ class FaultSuite:
         return cluster
 
     def _kill_replica(self, name: str) -> None:
-        from graphflow.runtime.actors import NAMESPACE
-
         with contextlib.suppress(ValueError):  # not running
             self.ray.kill(self.ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
         known = {i.name for i in self.cluster.manager("list_replicas")}

@@ -110,8 +110,7 @@ class KVStateManager(Snapshots):
             state = ev.record.state
             if state.state_id in self._states:
                 self._validate_blocks(ev.blocks)
-                self._supersede(ev.blocks)
-                self.catalog.append(take_rows(ev.blocks, self._not_on_replica(ev.blocks)), now_s)
+                self._record_copies(ev.blocks, now_s)
                 continue
             known = tuple(p for p in state.lineage.parents if p in self._states)
             if known != state.lineage.parents:
@@ -146,8 +145,7 @@ class KVStateManager(Snapshots):
                 # NOTE: the same admit delivered again (a replica resynced after a manager restart
                 # already reported it): record the copies, change nothing else
                 self._validate_blocks(batch)
-                self._supersede(batch)
-                self.catalog.append(take_rows(batch, self._not_on_replica(batch)), now_s)
+                self._record_copies(batch, now_s)
                 return
             raise ValueError(f"state {state.state_id!r} is already registered with other contents; use a new id")
         unknown = [p for p in state.lineage.parents if p not in self._states]
@@ -158,9 +156,7 @@ class KVStateManager(Snapshots):
         missing = outside[self.catalog.rows_of_many(outside) < 0]
         if len(missing):
             raise ValueError(f"state {state.state_id!r} references {len(missing)} blocks that were never admitted")
-        self._supersede(batch)
-        new = self._not_on_replica(batch)
-        self.catalog.append(take_rows(batch, new), now_s)
+        self._record_copies(batch, now_s)
         self._states[state.state_id] = ev.record
         for p in state.lineage.parents:
             self._children.setdefault(p, set()).add(state.state_id)
@@ -181,6 +177,12 @@ class KVStateManager(Snapshots):
                     raise ValueError(
                         f"{len(dead)} blocks have unknown parents (first {dead[0]:016x}); admit parents first"
                     )
+
+    def _record_copies(self, batch: BlockBatch, now_s: float) -> None:
+        """Record the batch's block copies on its replica (a validated batch): rows it replaced
+        go, copies already recorded are kept as they are."""
+        self._supersede(batch)
+        self.catalog.append(take_rows(batch, self._not_on_replica(batch)), now_s)
 
     def _supersede(self, batch: BlockBatch) -> None:
         """A replica reporting a block it is recorded with under other bytes replaced it (it

@@ -131,12 +131,18 @@ def validate_chain(blocks: Sequence[KVBlock], identity: ModelIdentity, *, verify
 
 
 def blocks_to_cache(
-    blocks: Sequence[KVBlock], identity: ModelIdentity, config: PretrainedConfig, device: str | torch.device = "cpu"
+    blocks: Sequence[KVBlock],
+    identity: ModelIdentity,
+    config: PretrainedConfig,
+    device: str | torch.device = "cpu",
+    *,
+    verify_bytes: bool = True,
 ) -> DynamicCache:
-    """Rebuild a batch-1 ``DynamicCache`` from a validated chain of blocks (see :func:`validate_chain`)."""
+    """Rebuild a batch-1 ``DynamicCache`` from a validated chain of blocks (see :func:`validate_chain`;
+    ``verify_bytes=False`` skips the checksums, for blocks the caller has just verified)."""
     if not blocks:
         raise ValueError("no blocks to rebuild a cache from")
-    validate_chain(blocks, identity)
+    validate_chain(blocks, identity, verify_bytes=verify_bytes)
     return cache_from_tensor(torch.cat([b.tensor for b in blocks], dim=3), config, device)
 
 

@@ -107,6 +107,7 @@ class WorkflowExecutor:
             self._materialize_root(f"{run_id}:{ROOT}", task_ids)
         tokens: dict[str, list[int]] = {ROOT: list(task_ids)}
         results: dict[str, NodeResult] = {}
+        outputs: dict[str, tuple[int, ...]] = {}
         traces: list[NodeTrace] = []
         decisions: list[Decision] = []
         in_flight: dict[Any, tuple[str, Decision, list[Any]]] = {}
@@ -121,8 +122,7 @@ class WorkflowExecutor:
                 if nid in launched:
                     continue
                 node = gs.node(nid)
-                outs = {k: v.output_ids for k, v in results.items()}
-                ctx = node_context(node, tokens, outs, task_ids, self._encode)
+                ctx = node_context(node, tokens, outputs, task_ids, self._encode)
                 tokens[nid] = ctx
                 if nid in retry:
                     d = self._recompute(ctx, min(c.replicas, key=lambda r: load[r]), retry[nid])
@@ -150,7 +150,7 @@ class WorkflowExecutor:
                 continue
             done = c.wait_one(list(in_flight))
             nid, d, handles = in_flight.pop(done)
-            load[d.replica] = load.get(d.replica, 1) - 1
+            load[d.replica] -= 1
             if d.option is Option.TRANSFER:
                 transferring.discard(d.replica)
             try:
@@ -163,6 +163,7 @@ class WorkflowExecutor:
             if events and reuse and res.replica in c.replicas:  # a lost replica's KV is gone
                 c.manager("apply", events, 0.0)
             results[nid] = res
+            outputs[nid] = res.output_ids
             retry.pop(nid, None)
             decisions.append(d.with_measured(res.total_s))
             saved = res.reused_tokens + res.transferred_tokens
@@ -173,7 +174,7 @@ class WorkflowExecutor:
                 on_node(traces[-1])
         final = gs.outputs[-1]
         return RunResult(
-            outputs={k: v.output_ids for k, v in results.items()},
+            outputs=outputs,
             texts={k: v.text for k, v in results.items()},
             final=results[final].text,
             trace=tuple(traces),

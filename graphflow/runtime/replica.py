@@ -124,7 +124,9 @@ class ReplicaWorker:
         prefix_blocks, dropped = self._local_prefix(ids) if (run.reuse or transferred) else ([], [])
         evicted += dropped
         reused = len(prefix_blocks) * bt
-        cache = blocks_to_cache(prefix_blocks, self.engine.identity, self.engine.config) if prefix_blocks else None
+        # NOTE: _local_prefix verified every block's checksum just now
+        cache = (blocks_to_cache(prefix_blocks, self.engine.identity, self.engine.config, verify_bytes=False)
+                 if prefix_blocks else None)  # fmt: skip
         pre = self.engine.prefill(ids[reused:], cache)
         first = int(torch.argmax(pre.logits))
         ttft = time.perf_counter() - start
@@ -213,15 +215,20 @@ class ReplicaWorker:
                 if self.store.can_allocate(need) or not self._age:
                     break
                 evicted.append(self._evict_oldest())
-            state = self.store.add_state(blocks, lineage, state_id) if self.store.can_allocate(need) else None
+            state = self.store.add_state(blocks, lineage, state_id)  # None: larger than the whole store
             if state is None:
                 return None, evicted
             self._age[state_id] = None
-            # every block of the state, not only the new ones: the manager must learn that this
-            # replica now holds blocks it received or already had (it skips copies it knows)
-            unique = list({b.key: b for b in blocks}.values())
-            batch = batch_from_blocks(unique, self.config.name, state_id)
-            return AdmitEvent(self.config.name, StateRecord.of(state, tokens), batch), evicted
+            return self._admit_event(state_id, tokens), evicted
+
+    def _admit_event(self, state_id: str, tokens: Sequence[int]) -> AdmitEvent:
+        """The admit for a stored state, listing every block of it, not only new ones: the manager
+        must learn that this replica holds blocks it received or already had (it skips copies it
+        knows)."""
+        blocks = self.store.blocks(state_id)
+        unique = list({b.key: b for b in blocks}.values())
+        record = StateRecord.of(self.store.state(state_id), tokens)
+        return AdmitEvent(self.config.name, record, batch_from_blocks(unique, self.config.name, state_id))
 
     def _evict_oldest(self) -> EvictEvent:
         return self._evict(next(iter(self._age)))
@@ -255,7 +262,8 @@ class ReplicaWorker:
 
     def _drop_block(self, key: int) -> list[EvictEvent]:
         """Release every state holding ``key`` (a corrupt block); returns the evictions."""
-        return [self._evict(sid) for sid in [sid for sid in self._age if key in self.store.state(sid).block_keys]]
+        holders = [sid for sid in self._age if key in self.store.state(sid).block_keys]
+        return [self._evict(sid) for sid in holders]
 
     def _receive(self, run: NodeRun, ids: list[int]) -> tuple[int, int, list[EvictEvent]]:
         from graphflow.checks.transfer import spec_for_prompt
@@ -340,14 +348,8 @@ class ReplicaWorker:
         """Every state this replica holds, oldest first, as admits: a restarted manager
         re-learns the replica's contents from these."""
         with self._lock:
-            out = []
-            for state_id in self._age:
-                blocks = self.store.blocks(state_id)
-                tokens = [t for b in blocks for t in b.token_ids]
-                unique = list({b.key: b for b in blocks}.values())
-                out.append(AdmitEvent(self.config.name, StateRecord.of(self.store.state(state_id), tokens),
-                                      batch_from_blocks(unique, self.config.name, state_id)))  # fmt: skip
-            return out
+            return [self._admit_event(sid, [t for b in self.store.blocks(sid) for t in b.token_ids])
+                    for sid in self._age]  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
         s = self.store.stats()
