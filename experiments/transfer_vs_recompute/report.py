@@ -34,5 +34,29 @@ def table() -> str:
     return "\n".join(lines)
 
 
+MODELED_GBPS = (10, 25, 100, 200, 400)
+
+
+def modeled() -> str:
+    """**Modeled**, not measured: transfer = bytes × 8 ÷ link rate + the resume (cache rebuild)
+    measured on loopback; recompute = the prefill curve fitted from this run's calibration. The
+    break-even rate is the link rate at which the two are equal."""
+    lines = ["| model | context | KV MB | recompute s (fitted) | "
+             + " | ".join(f"transfer s @ {g} Gbit/s" for g in MODELED_GBPS) + " | break-even Gbit/s |",
+             "|---" * (len(MODELED_GBPS) + 5) + "|"]  # fmt: skip
+    for csv_path in sorted((HERE / "results").glob("*/sweep.csv")):
+        for r in read_csv(csv_path):
+            if not r["link"].endswith("-loopback") or not r["link"].startswith("ucx"):
+                continue
+            nbytes, resume = int(r["nbytes"]), float(r["measured_resume_s"])
+            recompute = float(r["predicted_recompute_s"])
+            cells = " | ".join(f"{nbytes * 8 / (g * 1e9) + resume:.3f}" for g in MODELED_GBPS)
+            even = nbytes * 8 / (recompute - resume) / 1e9 if recompute > resume else float("inf")
+            lines.append(f"| {r['model']} | {r['context']} | {nbytes / 1e6:.1f} | {recompute:.3f} | {cells} "
+                         f"| {even:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     replace_section(HERE / "README.md", "tables", table())
+    replace_section(HERE / "README.md", "modeled", modeled())

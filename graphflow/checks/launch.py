@@ -44,7 +44,9 @@ def _env() -> dict[str, str]:
 def run_two_processes(
     backend: str, job_args: list[str], timeout_s: float, link: ShapedLink | None = None
 ) -> tuple[Any, Any]:
-    """Run ``graphflow.checks.pair`` as roles 0 and 1; return both results.
+    """Run ``graphflow.checks.pair`` as roles 0 and 1; return both results. With a ``link``
+    (UCX only), role r runs inside the link's namespace r with UCX held to tcp on its veth, so
+    every byte crosses the shaped link.
 
     Raises:
         TransportError: a process failed or did not finish within ``timeout_s`` (both are
@@ -52,12 +54,19 @@ def run_two_processes(
     """
     if backend not in ("ucx", "mpi"):
         raise ValueError(f"two-process runs need backend ucx or mpi, got {backend!r}")
+    if link is not None and backend != "ucx":
+        raise ValueError("a shaped link needs backend ucx (MPI's processes share one world on one host)")
     with tempfile.TemporaryDirectory(prefix="graphflow-pair-") as tmp:
         base = [sys.executable, "-m", "graphflow.checks.pair", "--backend", backend, "--rendezvous", tmp, *job_args]
         roles = [[*base, "--role", "0"], [*base, "--role", "1"]]
         cmds = [mpirun_command(2) + base] if backend == "mpi" else roles
+        envs = [_env() for _ in cmds]
+        if link is not None:
+            cmds = [link.prefix(r) + cmd for r, cmd in enumerate(cmds)]
+            envs = [{**env, **link.env(r)} for r, env in enumerate(envs)]
         procs = [
-            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()) for cmd in cmds
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for cmd, env in zip(cmds, envs, strict=True)
         ]
         errors: list[str] = []
         try:

@@ -1,6 +1,6 @@
 """Entry point of one process of a two-process check or benchmark.
 
-``python -m graphflow.checks.pair --job transfer|bench|sweep|probe|ttft --backend ucx|mpi --role 0|1
+``python -m graphflow.checks.pair --job transfer|bench|sweep|probe|ttft|agents --backend ucx|mpi --role 0|1
 --rendezvous DIR [job options]``. Under ``mpirun`` the role is the rank. Each process writes
 ``DIR/result{role}.json``.
 """
@@ -21,7 +21,7 @@ from transport.registry import create
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--job", choices=["transfer", "bench", "sweep", "probe", "ttft"], required=True)
+    p.add_argument("--job", choices=["transfer", "bench", "sweep", "probe", "ttft", "agents"], required=True)
     p.add_argument("--backend", choices=["ucx", "mpi"], required=True)
     p.add_argument("--role", type=int, default=-1)
     p.add_argument("--rendezvous", required=True)
@@ -35,6 +35,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--contexts", default="256,1024")
     p.add_argument("--suffix", type=int, default=64)
+    p.add_argument("--root-tokens", type=int, default=256)
+    p.add_argument("--workloads", default="1x2", help="agents job: ROOTSxAGENTS_PER_ROOT, comma separated")
+    p.add_argument("--decode", type=int, default=32)
+    p.add_argument("--systems", default="dense,text,local,local_holder,ours")
+    p.add_argument("--threads", type=int, default=1)
     return p.parse_args(argv)
 
 
@@ -71,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
             contexts = [int(c) for c in args.contexts.split(",")]
             ttft_plan = TtftPlan(args.model, contexts, args.suffix, args.repeats)
             result = ttft_side(transport, args.role, peer, ttft_plan)  # type: ignore[arg-type]
+        elif args.job == "agents":
+            from graphflow.bench.agents import AgentsPlan, agents_side
+
+            loads = [tuple(int(x) for x in w.split("x")) for w in args.workloads.split(",")]
+            agents_plan = AgentsPlan(args.model, args.root_tokens, loads, args.suffix, args.decode,  # type: ignore[arg-type]
+                                     tuple(args.systems.split(",")), args.repeats, args.threads)  # fmt: skip
+            result = agents_side(transport, args.role, peer, agents_plan)  # type: ignore[arg-type]
         else:
             from graphflow.bench.transport_pair import BenchPlan, run_pair
 

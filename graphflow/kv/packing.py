@@ -19,6 +19,7 @@ from graphflow.kv.errors import IncompatibleState
 from graphflow.kv.state import ModelIdentity
 
 __all__ = [
+    "batch_cache",
     "cache_from_tensor",
     "blocks_to_cache",
     "cache_length",
@@ -52,12 +53,17 @@ def layer_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]
     return pairs
 
 
-def stack_cache(cache: DynamicCache, start: int = 0, end: int | None = None) -> torch.Tensor:
-    """The cache's tokens ``[start, end)`` as one ``[layers, 2, kv_heads, tokens, head_dim]`` tensor."""
+def stack_cache(cache: DynamicCache, start: int = 0, end: int | None = None, *, row: int | None = None) -> torch.Tensor:
+    """The cache's tokens ``[start, end)`` as one ``[layers, 2, kv_heads, tokens, head_dim]`` tensor
+    (of batch ``row`` when the cache holds several; batch-1 caches need no ``row``)."""
     pairs = layer_tensors(cache)
-    if pairs[0][0].shape[0] != 1:
-        raise ValueError(f"only batch size 1 caches can be packed, got {pairs[0][0].shape[0]}")
-    return torch.stack([torch.stack((k[0, :, start:end], v[0, :, start:end])) for k, v in pairs])
+    batch = pairs[0][0].shape[0]
+    if row is None and batch != 1:
+        raise ValueError(f"a batch-{batch} cache needs the row to pack")
+    r = row or 0
+    if not 0 <= r < batch:
+        raise ValueError(f"row {r} is outside the cache's batch of {batch}")
+    return torch.stack([torch.stack((k[r, :, start:end], v[r, :, start:end])) for k, v in pairs])
 
 
 def cache_to_blocks(
@@ -68,6 +74,7 @@ def cache_to_blocks(
     *,
     start: int = 0,
     parent_key: int = ROOT_KEY,
+    row: int | None = None,
 ) -> list[KVBlock]:
     """Cut the cache's tokens ``[start, len(token_ids))`` into chained blocks.
 
@@ -79,13 +86,14 @@ def cache_to_blocks(
         start: first token to pack (the tokens before it are already in blocks); must be a
             multiple of ``block_tokens`` so block boundaries stay aligned.
         parent_key: key of the block that ends at ``start`` (``ROOT_KEY`` when ``start == 0``).
+        row: which batch row to pack, for a cache that holds several.
     """
     n = cache_length(cache)
     if n != len(token_ids):
         raise ValueError(f"cache holds {n} tokens but {len(token_ids)} token ids were given")
     if start % block_tokens:
         raise ValueError(f"start {start} is not a multiple of block_tokens {block_tokens}")
-    stacked = stack_cache(cache, start)
+    stacked = stack_cache(cache, start, row=row)
     blocks: list[KVBlock] = []
     for lo in range(start, n, block_tokens):
         hi = min(lo + block_tokens, n)
@@ -144,6 +152,20 @@ def blocks_to_cache(
         raise ValueError("no blocks to rebuild a cache from")
     validate_chain(blocks, identity, verify_bytes=verify_bytes)
     return cache_from_tensor(torch.cat([b.tensor for b in blocks], dim=3), config, device)
+
+
+def batch_cache(kvs: Sequence[torch.Tensor], config: PretrainedConfig) -> DynamicCache:
+    """A batch-``len(kvs)`` ``DynamicCache``, row ``i`` holding ``kvs[i]``
+    ``[layers, 2, kv_heads, tokens, head_dim]`` (all of one length). The rows are copied: a
+    transformers cache holds each row's prefix in its own memory, shared or not."""
+    if not kvs or len({tuple(kv.shape) for kv in kvs}) != 1:
+        raise ValueError("batch_cache needs one or more KV tensors of one shape")
+    cache = DynamicCache(config=config)
+    for layer in range(kvs[0].shape[0]):
+        keys = torch.stack([kv[layer, 0] for kv in kvs])
+        values = torch.stack([kv[layer, 1] for kv in kvs])
+        cache.update(keys, values, layer)
+    return cache
 
 
 def cache_from_tensor(kv: torch.Tensor, config: PretrainedConfig, device: str | torch.device = "cpu") -> DynamicCache:

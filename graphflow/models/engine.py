@@ -119,6 +119,34 @@ class Engine:
         return DecodeResult(tuple(out_tokens), torch.stack(out_logits).cpu(), tuple(times))
 
     @torch.inference_mode()
+    def forward_rows(self, rows: Sequence[Sequence[int]], cache: DynamicCache) -> list[int]:
+        """Run equal-length token rows after a batch cache with one row per branch (mutating it);
+        returns each row's greedy next token."""
+        if not rows or len({len(r) for r in rows}) != 1 or not rows[0]:
+            raise ValueError("forward_rows needs one or more non-empty rows of equal length")
+        ids = torch.tensor([list(r) for r in rows], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        self._sync()
+        return [int(t) for t in torch.argmax(out.logits[:, -1], dim=-1)]
+
+    @torch.inference_mode()
+    def decode_rows(self, cache: DynamicCache, first_tokens: Sequence[int], steps: int) -> list[list[int]]:
+        """Batched greedy decode: feed each row's ``first_tokens`` entry, then its argmax,
+        ``steps`` times; returns the ``steps`` tokens each row produced after its first."""
+        if steps < 0:
+            raise ValueError(f"steps must be non-negative, got {steps}")
+        tokens = torch.tensor([[int(t)] for t in first_tokens], dtype=torch.long, device=self.device)
+        produced: list[torch.Tensor] = []
+        for _ in range(steps):
+            out = self.model(input_ids=tokens, cache=cache, use_cache=True)
+            tokens = torch.argmax(out.logits[:, -1], dim=-1, keepdim=True)
+            produced.append(tokens)
+        self._sync()
+        if not produced:
+            return [[] for _ in first_tokens]
+        return [[int(t) for t in row] for row in torch.cat(produced, dim=1).cpu()]
+
+    @torch.inference_mode()
     def full_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits ``[len(token_ids), vocab]`` of one forward with no cache (full recompute)."""
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)

@@ -67,3 +67,21 @@ def test_broken_chain_and_bad_shape_are_value_errors(tiny_engine, prefilled):
     assert pre.cache.get_seq_length() == 100
     with pytest.raises(ValueError, match="100 tokens"):
         cache_to_blocks(pre.cache, ids[:50], tiny_engine.identity)
+
+
+def test_batch_cache_rows_pack_back_to_their_tensors(tiny_engine):
+    from graphflow.kv.packing import batch_cache, stack_cache
+
+    a = stack_cache(tiny_engine.prefill(prompt_token_ids(tiny_engine.tokenizer, 20)).cache)
+    b = stack_cache(tiny_engine.prefill(list(range(5, 25))).cache)
+    cache = batch_cache([a, b, a], tiny_engine.config)
+    assert cache.get_seq_length() == 20
+    for row, want in enumerate((a, b, a)):
+        assert torch.equal(stack_cache(cache, row=row), want)
+    assert torch.equal(stack_cache(cache, 4, 9, row=1), b[:, :, :, 4:9])
+    with pytest.raises(ValueError, match="needs the row"):
+        stack_cache(cache)
+    with pytest.raises(ValueError, match="outside the cache's batch"):
+        stack_cache(cache, row=3)
+    with pytest.raises(ValueError, match="one shape"):
+        batch_cache([a, a[:, :, :, :10]], tiny_engine.config)

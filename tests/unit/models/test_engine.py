@@ -62,3 +62,23 @@ def test_prompt_token_ids_exact_length(tiny_engine):
     ids = prompt_token_ids(tiny_engine.tokenizer, 1000)
     assert len(ids) == 1000
     assert tiny_engine.tokenizer.decode(ids[:9]) == "Section 1"
+
+
+def test_batched_rows_decode_like_each_row_alone(tiny_engine):
+    from graphflow.kv.packing import batch_cache, stack_cache
+
+    prompts = [prompt_token_ids(tiny_engine.tokenizer, 40), list(range(3, 43))]
+    alone = []
+    for ids in prompts:
+        pre = tiny_engine.prefill(ids[:-4])
+        first = tiny_engine.prefill(ids[-4:], pre.cache)
+        out = tiny_engine.decode_greedy(first.cache, int(first.logits.argmax()), 5)
+        alone.append([int(first.logits.argmax()), *out.token_ids])
+    caches = [stack_cache(tiny_engine.prefill(ids[:-4]).cache) for ids in prompts]
+    cache = batch_cache(caches, tiny_engine.config)
+    firsts = tiny_engine.forward_rows([ids[-4:] for ids in prompts], cache)
+    rest = tiny_engine.decode_rows(cache, firsts, 5)
+    assert [[f, *r] for f, r in zip(firsts, rest, strict=True)] == alone
+    assert cache.get_seq_length() == 36 + 4 + 5
+    with pytest.raises(ValueError, match="equal length"):
+        tiny_engine.forward_rows([[1, 2], [3]], cache)
