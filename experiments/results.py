@@ -49,7 +49,8 @@ def _multi_agent(rows: Rows) -> list[str]:
 
 
 def _peak_memory(rows: Rows) -> list[str]:
-    out = ["| agents | dense KV MiB | least local-reuse KV MiB | ours KV MiB | ours ÷ dense | ours RSS growth ÷ dense |",
+    out = ["| agents | dense KV MiB | least local-reuse KV MiB | ours KV MiB | ours ÷ dense "
+           "| ours RSS growth ÷ dense |",
            "|---|---|---|---|---|---|"]  # fmt: skip
     for k, s in sorted(_by(rows, "agents").items()):
         dense, ours = s["dense"], s["ours"]
