@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 from experiments.common import read_csv, replace_section, write_csv, write_meta
 from graphflow.checks.launch import run_two_processes
 
-__all__ = ["SYSTEM_LABELS", "Study", "ideal_s", "reduce", "run_agents", "same_tokens", "study_main"]
+__all__ = ["SYSTEM_LABELS", "Study", "by_system", "ideal_s", "reduce", "run_agents", "same_tokens", "study_main"]
 
 SYSTEM_LABELS = {"dense": "dense", "text": "text replay", "local": "local reuse (round robin)",
                  "local_holder": "local reuse (all on holder)", "ours": "ours"}  # fmt: skip
@@ -36,6 +36,14 @@ def run_agents(model: str, root_tokens: int, workloads: Sequence[tuple[int, int]
     holder, _ = run_two_processes("ucx", job, timeout_s=4 * 3600)
     meta = {k: v for k, v in holder.items() if k != "trials"}
     return holder["trials"], meta
+
+
+def by_system(rows: Sequence[Mapping[str, Any]], key: str) -> dict[int, dict[str, Any]]:
+    """Reduced rows grouped by the workload column ``key`` ("agents", "roots"), then by system."""
+    out: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        out.setdefault(int(r[key]), {})[str(r["system"])] = r
+    return out
 
 
 def ideal_s(row: dict[str, Any]) -> float:

@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from experiments.agents_job import by_system
 from experiments.common import read_csv, replace_section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,17 +31,10 @@ def _ttft(rows: Rows) -> list[str]:
     return out
 
 
-def _by(rows: Rows, key: str) -> dict[int, dict[str, dict[str, str]]]:
-    out: dict[int, dict[str, dict[str, str]]] = {}
-    for r in rows:
-        out.setdefault(int(r[key]), {})[r["system"]] = r
-    return out
-
-
 def _multi_agent(rows: Rows) -> list[str]:
     out = ["| agents | dense s | text replay s | best local reuse s | ours s | ideal s | efficiency |",
            "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for k, s in sorted(_by(rows, "agents").items()):
+    for k, s in sorted(by_system(rows, "agents").items()):
         best = min(float(s[x]["makespan_s"]) for x in ("local", "local_holder"))
         ours, ideal = float(s["ours"]["makespan_s"]), float(s["ours"]["ideal_s"])
         out.append(f"| {k} | {float(s['dense']['makespan_s']):.2f} | {float(s['text']['makespan_s']):.2f} "
@@ -52,7 +46,7 @@ def _peak_memory(rows: Rows) -> list[str]:
     out = ["| agents | dense KV MiB | least local-reuse KV MiB | ours KV MiB | ours ÷ dense "
            "| ours RSS growth ÷ dense |",
            "|---|---|---|---|---|---|"]  # fmt: skip
-    for k, s in sorted(_by(rows, "agents").items()):
+    for k, s in sorted(by_system(rows, "agents").items()):
         dense, ours = s["dense"], s["ours"]
         local = min(int(s[x]["stored_bytes"]) for x in ("local", "local_holder"))
         rss = int(ours["rss_growth_bytes"]) / max(1, int(dense["rss_growth_bytes"]))
@@ -65,7 +59,7 @@ def _peak_memory(rows: Rows) -> list[str]:
 def _throughput(rows: Rows) -> list[str]:
     out = ["| workflows | dense tok/s | text replay tok/s | best local reuse tok/s | ours tok/s | ours ÷ dense |",
            "|---|---|---|---|---|---|"]  # fmt: skip
-    for n, s in sorted(_by(rows, "roots").items()):
+    for n, s in sorted(by_system(rows, "roots").items()):
         best = max(float(s[x]["tokens_per_s"]) for x in ("local", "local_holder"))
         ours, dense = float(s["ours"]["tokens_per_s"]), float(s["dense"]["tokens_per_s"])
         out.append(f"| {n} | {dense:.1f} | {float(s['text']['tokens_per_s']):.1f} | {best:.1f} | {ours:.1f} "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.agents_job import SYSTEM_LABELS, Study, same_tokens, study_main
+from experiments.agents_job import SYSTEM_LABELS, Study, by_system, same_tokens, study_main
 from experiments.common import save_figure
 
 HERE = Path(__file__).parent
@@ -24,16 +24,9 @@ PUBLISHED = ("AAFLOW+ reports multi-agent runs 7.63× faster than its baselines 
              "in their code, decode charged once for their system and once per branch for the baselines)")  # fmt: skip
 
 
-def by_k(rows: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
-    out: dict[int, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        out.setdefault(int(r["agents"]), {})[str(r["system"])] = r
-    return out
-
-
 def summarize(rows: list[dict[str, Any]], trials: list[dict[str, Any]]) -> dict[str, Any]:
     eff, ahead_text, ahead_local = {}, {}, {}
-    for k, sys in sorted(by_k(rows).items()):
+    for k, sys in sorted(by_system(rows, "agents").items()):
         ours = float(sys["ours"]["makespan_s"])
         eff[k] = float(sys["ours"]["ideal_s"]) / ours
         if k >= 2:
@@ -55,7 +48,7 @@ def table(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
     head = " | ".join(f"{SYSTEM_LABELS[s]} s" for s in systems)
     lines = [f"| k | {head} | ideal s | efficiency (ideal ÷ ours) | best local ÷ ours | text ÷ ours | dense ÷ ours |",
              "|---" * (len(systems) + 6) + "|"]  # fmt: skip
-    for k, sys in sorted(by_k(rows).items()):  # type: ignore[arg-type]
+    for k, sys in sorted(by_system(rows, "agents").items()):
         ours = float(sys["ours"]["makespan_s"])
         best_local = min(float(sys[s]["makespan_s"]) for s in ("local", "local_holder") if s in sys)
         cells = " | ".join(f"{float(sys[s]['makespan_s']):.2f}" if s in sys else "" for s in systems)
@@ -76,7 +69,7 @@ def plot(rows: list[dict[str, str]], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    groups = by_k(rows)  # type: ignore[arg-type]
+    groups = by_system(rows, "agents")
     ks = sorted(groups)
     for s in SYSTEM_LABELS:
         if all(s in groups[k] for k in ks):

@@ -15,22 +15,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.agents_job import SYSTEM_LABELS, Study, study_main
+from experiments.agents_job import SYSTEM_LABELS, Study, by_system, study_main
 from experiments.common import save_figure
 
 HERE = Path(__file__).parent
 PUBLISHED = "AAFLOW+ reports ~9.5× the throughput of its baselines (published, modeled in their code)"
 
 
-def by_n(rows: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
-    out: dict[int, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        out.setdefault(int(r["roots"]), {})[str(r["system"])] = r
-    return out
-
-
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    groups = by_n(rows)
+    groups = by_system(rows, "roots")
 
     def ratio(n: int, other: str) -> float:
         return float(groups[n]["ours"]["tokens_per_s"]) / float(groups[n][other]["tokens_per_s"])
@@ -48,7 +41,7 @@ def table(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
     head = " | ".join(f"{SYSTEM_LABELS[s]} tok/s" for s in systems)
     lines = [f"| workflows | agents | {head} | ours ÷ dense | ours ÷ text | ours ÷ best local |",
              "|---" * (len(systems) + 5) + "|"]  # fmt: skip
-    for n, sys in sorted(by_n(rows).items()):  # type: ignore[arg-type]
+    for n, sys in sorted(by_system(rows, "roots").items()):
         ours = float(sys["ours"]["tokens_per_s"])
         best_local = max(float(sys[s]["tokens_per_s"]) for s in ("local", "local_holder"))
         cells = " | ".join(f"{float(sys[s]['tokens_per_s']):.1f}" for s in systems)
@@ -65,7 +58,7 @@ def plot(rows: list[dict[str, str]], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    groups = by_n(rows)  # type: ignore[arg-type]
+    groups = by_system(rows, "roots")
     ns = sorted(groups)
     for s in SYSTEM_LABELS:
         if all(s in groups[n] for n in ns):

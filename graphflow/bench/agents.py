@@ -40,6 +40,7 @@ import torch
 
 from graphflow.checks.transfer import spec_for_prompt
 from graphflow.kv.codec import from_wire, to_wire
+from graphflow.kv.operators import materialize
 from graphflow.kv.packing import batch_cache, cache_nbytes, cache_to_blocks, stack_cache
 from graphflow.kv.state import Lineage
 from graphflow.kv.store import BlockStore
@@ -182,15 +183,12 @@ def _warm_up(engine: Engine) -> None:
 
 def _upstream(engine: Engine, work: _Workload, out: dict[str, Any]) -> BlockStore:
     """A's state before the agents arrive: every root prefilled once (the first one timed)."""
-    store = BlockStore(engine.identity, _STORE_BYTES)
+    store = BlockStore(engine.identity, _STORE_BYTES, block_tokens=_BLOCK)
     for r, root in enumerate(work.roots):
         t0 = time.perf_counter()
-        cache = engine.prefill(root[: work.held]).cache
-        if r == 0:
+        materialize(engine, store, root[: work.held], state_id=f"root{r}")
+        if r == 0:  # prefill and block cutting of one root, the upstream's cost
             out.setdefault("root_prefill_s", {})[str(len(root))] = time.perf_counter() - t0
-        store.add_state(cache_to_blocks(cache, root[: work.held], engine.identity, _BLOCK), Lineage("materialize"),
-                        state_id=f"root{r}")  # fmt: skip
-        if r == 0:
             out["root_bytes"] = store.used_bytes
     return store
 
@@ -211,7 +209,7 @@ def _trial(t: MessageTransport, role: int, peer: str, engine: Engine, plan: Agen
         t.recv_control(peer, READY, 1)
         side.start = time.monotonic()
         t.send_control(peer, START, b"s")
-    store = BlockStore(engine.identity, _STORE_BYTES)
+    store = BlockStore(engine.identity, _STORE_BYTES, block_tokens=_BLOCK)
     kept: list[BlockStore] = []
     if system == "ours" and role == 0 and work.mine(system, 1):
         _serve_roots(t, peer, work, holder, ids)  # B asks at once; A answers before its own agents
@@ -283,9 +281,7 @@ def _prepare(t: MessageTransport, role: int, peer: str, engine: Engine, work: _W
         side.parts["transfer_s"] = time.monotonic() - t0
     else:  # local prefix caching on B: the first agent of each root misses and computes it
         for r in needed:
-            cache = engine.prefill(work.roots[r][:held]).cache
-            blocks = cache_to_blocks(cache, work.roots[r][:held], engine.identity, _BLOCK)
-            store.add_state(blocks, Lineage("materialize"), state_id=f"root{r}")
+            materialize(engine, store, work.roots[r][:held], state_id=f"root{r}")
         side.parts["prefill_s"] = time.monotonic() - t0
     t1 = time.monotonic()
     root_kv = {r: torch.cat([b.tensor for b in store.blocks(f"root{r}")], dim=3) for r in needed}
