@@ -1,18 +1,9 @@
 """The transport contract: paired ``send``/``recv`` of a :class:`TransferSpec`.
 
-One transfer on any backend is the same sequence of messages (see :mod:`transport.wire`):
-
-```
-seq 0   preamble  (magic, version, header_len)         fixed 14 bytes
-seq 1   header    (Arrow IPC, one row per block)       header_len bytes
-seq 2+i block i   (raw bytes of a contiguous tensor)   header.nbytes[i]
-```
-
-Message backends (UCX, MPI, local) subclass :class:`MessageTransport` and implement only the
-two primitives ``_send_msg`` / ``_recv_msg``; framing, validation against the spec and the
-limits, pre-allocation, checksum verification, deadlines and sync wrappers live here, once.
-The Ray backend moves objects, not messages, and implements ``asend``/``arecv`` itself on
-the same header and checks.
+Message backends (UCX, MPI, local) subclass :class:`transport.message.MessageTransport`,
+which writes the framing, validation against the spec and the limits, receive allocation and
+checksum verification once; deadlines and sync wrappers live here. The Ray backend moves
+objects, not messages, and implements ``asend``/``arecv`` itself on the same header and checks.
 
 The receiver checks that the header announces exactly the blocks the spec expects before it
 allocates a byte; every block is checksum-verified after it lands. On any failure the
@@ -24,11 +15,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
-import struct
 import threading
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -37,23 +26,17 @@ import torch
 
 from transport.errors import TransferTimeout, WireFormatError
 from transport.wire import (
-    WIRE_VERSION,
     BlockHeader,
     WireLimits,
-    decode_header,
-    dtype_from_name,
-    encode_header,
-    tensor_bytes,
-    verify,
 )
 
 __all__ = [
-    "MessageTransport",
     "Received",
     "TransferSpec",
     "TransferStats",
     "Transport",
     "TransportConfig",
+    "check_into",
     "transfer_ids",
 ]
 
@@ -64,8 +47,6 @@ def transfer_ids() -> Iterator[int]:
     return itertools.count(secrets.randbits(48))
 
 
-_PREAMBLE = struct.Struct("<4sHQ")
-_MAGIC = b"GFKV"
 T = TypeVar("T")
 
 
@@ -266,145 +247,8 @@ class Transport(ABC):
         return f"{type(self).__name__}(address={self.address[:24]!r}, timeout_s={self.config.timeout_s})"
 
 
-class MessageTransport(Transport):
-    """A transport built on ordered, tagged messages (UCX, MPI, local); see the module doc.
-
-    The first message carries the preamble and, when it fits in ``FIRST_MESSAGE_BYTES``, the
-    header too (one message instead of two for every transfer of up to ~600 blocks). Block
-    checksums are verified as each block lands, overlapping the rest of the transfer.
-    """
-
-    FIRST_MESSAGE_BYTES = 64 << 10
-
-    @abstractmethod
-    async def _send_msg(self, spec: TransferSpec, seq: int, buf: memoryview) -> None:
-        """Send one message; return when ``buf`` may be reused."""
-
-    @abstractmethod
-    async def _recv_msg(self, spec: TransferSpec, seq: int, buf: memoryview) -> None:
-        """Receive one message of at most ``len(buf)`` bytes into the front of ``buf``."""
-
-    # ---- control messages ------------------------------------------------------------------
-    CONTROL_SEQ = (1 << 20) - 1
-
-    def send_control(self, peer: str, channel: int, data: bytes) -> None:
-        """Send a small control message (acks, barriers) on ``channel`` (any int ≥ 0)."""
-        self.run(self._send_msg(TransferSpec(channel, peer, (), ()), self.CONTROL_SEQ, memoryview(data)))
-
-    def recv_control(self, peer: str, channel: int, nbytes: int) -> bytes:
-        """Receive a control message of at most ``nbytes`` from ``peer`` on ``channel``."""
-        buf = bytearray(nbytes)
-
-        async def run() -> None:
-            await self._recv_msg(TransferSpec(channel, peer, (), ()), self.CONTROL_SEQ, memoryview(buf))
-
-        self.run(self._deadline(run(), f"control message from {peer[:32]}"))
-        return bytes(buf)
-
-    # ---- the protocol --------------------------------------------------------------------
-    async def asend(
-        self, spec: TransferSpec, headers: Sequence[BlockHeader], tensors: Sequence[torch.Tensor]
-    ) -> TransferStats:
-        self._check_spec(spec, headers)
-        views = [tensor_bytes(t.cpu() if t.device.type != "cpu" else t).data for t in tensors]
-        header = encode_header(headers)
-        first = _PREAMBLE.pack(_MAGIC, WIRE_VERSION, len(header))
-        inline = _PREAMBLE.size + len(header) <= self.FIRST_MESSAGE_BYTES
-        start = time.perf_counter()
-
-        async def run() -> None:
-            await self._send_msg(spec, 0, memoryview(first + header if inline else first))
-            if not inline:
-                await self._send_msg(spec, 1, memoryview(header))
-            await self._send_blocks(spec, views)
-
-        await self._deadline(run(), f"send of {spec.total_bytes} bytes to {spec.peer[:32]}")
-        return TransferStats(self.name, spec.total_bytes, len(views), time.perf_counter() - start)
-
-    async def arecv(self, spec: TransferSpec, into: Sequence[torch.Tensor] | None = None) -> Received:
-        limits = self.config.limits
-        if spec.total_bytes > limits.max_total_bytes or len(spec.nbytes) > limits.max_blocks:
-            raise WireFormatError(
-                f"spec announces {len(spec.nbytes)} blocks / {spec.total_bytes} bytes, over the limits {limits}"
-            )
-        if into is not None and [t.numel() * t.element_size() for t in into] != list(spec.nbytes):
-            raise ValueError("receive tensors do not match the sizes the transfer spec announces")
-        start = time.perf_counter()
-        # NOTE: block receives are posted before the header arrives (sizes come from the local
-        # spec, already checked against the limits), so the header's latency and decoding
-        # overlap the block transfer; blocks are verified once the header is known.
-        flat = (
-            [_bytes_of(t) for t in into]
-            if into is not None
-            else [torch.empty(n, dtype=torch.uint8) for n in spec.nbytes]
-        )
-        landed: list[int] = []
-        known: list[BlockHeader] = []
-
-        def on_landed(i: int) -> None:
-            if known:
-                verify(known[i], flat[i])
-            else:
-                landed.append(i)
-
-        async def run() -> Received:
-            blocks = asyncio.ensure_future(self._recv_blocks(spec, [tensor_bytes(t).data for t in flat], on_landed))
-            try:
-                headers = await self._recv_header(spec)
-                self._check_received(spec, headers)
-                tensors = _shaped(headers, flat) if into is None else _check_into(headers, into)
-                known.extend(headers)
-                for i in landed:
-                    verify(headers[i], flat[i])
-                await blocks
-            finally:
-                blocks.cancel()
-            if self.config.device != "cpu":
-                tensors = [t.to(self.config.device, non_blocking=True) for t in tensors]
-            stats = TransferStats(self.name, spec.total_bytes, len(headers), time.perf_counter() - start)
-            return Received(headers, tensors, stats)
-
-        return await self._deadline(run(), f"receive of {spec.total_bytes} bytes from {spec.peer[:32]}")
-
-    async def _recv_header(self, spec: TransferSpec) -> list[BlockHeader]:
-        limits = self.config.limits
-        first = bytearray(self.FIRST_MESSAGE_BYTES)
-        await self._recv_msg(spec, 0, memoryview(first))
-        magic, version, header_len = _PREAMBLE.unpack_from(first)
-        if magic != _MAGIC or version != WIRE_VERSION:
-            raise WireFormatError(f"not a GraphFlow KV transfer (magic {magic!r}, version {version})")
-        if header_len > limits.max_header_bytes:
-            raise WireFormatError(f"header of {header_len} bytes exceeds the limit {limits.max_header_bytes}")
-        if _PREAMBLE.size + header_len <= self.FIRST_MESSAGE_BYTES:
-            return decode_header(bytes(first[_PREAMBLE.size : _PREAMBLE.size + header_len]), limits)
-        buf = bytearray(header_len)
-        await self._recv_msg(spec, 1, memoryview(buf))
-        return decode_header(bytes(buf), limits)
-
-    async def _send_blocks(self, spec: TransferSpec, views: list[memoryview]) -> None:
-        """Send block buffers; backends that can overlap messages override this."""
-        for i, view in enumerate(views):
-            await self._send_msg(spec, 2 + i, view)
-
-    async def _recv_blocks(self, spec: TransferSpec, views: list[memoryview], landed: Callable[[int], None]) -> None:
-        """Receive block buffers, calling ``landed(i)`` as soon as block ``i`` is complete."""
-        for i, view in enumerate(views):
-            await self._recv_msg(spec, 2 + i, view)
-            landed(i)
-
-
-def _bytes_of(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view of a contiguous CPU tensor (same memory)."""
-    if not t.is_contiguous() or t.device.type != "cpu":
-        raise ValueError("receive tensors must be contiguous CPU tensors")
-    return t.reshape(-1).view(torch.uint8)
-
-
-def _shaped(headers: Sequence[BlockHeader], flat: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return [f.view(dtype_from_name(h.dtype)).reshape(h.shape) for h, f in zip(headers, flat, strict=True)]
-
-
-def _check_into(headers: Sequence[BlockHeader], into: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def check_into(headers: Sequence[BlockHeader], into: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Check caller-given receive tensors against the received header; returns them as a list."""
     if len(into) != len(headers):
         raise ValueError(f"{len(into)} receive tensors for {len(headers)} blocks")
     for h, t in zip(headers, into, strict=True):

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transport.base import MessageTransport, TransferSpec, TransportConfig
+from transport.base import TransferSpec, TransportConfig
 from transport.errors import PeerUnreachable, WireFormatError
+from transport.message import MessageTransport
 
 __all__ = ["LocalTransport"]
 
@@ -117,11 +118,11 @@ class LocalTransport(MessageTransport):
         finally:
             slot.copied.set_result(None)  # NOTE: release the sender even when the copy is refused
 
-    async def _send_blocks(self, spec: TransferSpec, views: list[memoryview]) -> None:
-        # NOTE: post every block at once, then wait; a rendezvous per block costs two
+    async def _send_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]]) -> None:
+        # NOTE: post every message at once, then wait; a rendezvous per message costs two
         # cross-thread wake-ups each.
         self._check_peer(spec.peer)
-        slots = [_FABRIC.post((self._name, spec.peer, spec.transfer_id, 2 + i), v) for i, v in enumerate(views)]
+        slots = [_FABRIC.post((self._name, spec.peer, spec.transfer_id, seq), buf) for seq, buf in msgs]
         for slot in slots:
             await asyncio.wrap_future(slot.copied)
 

@@ -3,10 +3,10 @@
 For processes of one MPI world started by ``mpirun``/``srun``. A peer is named by its rank in
 the communicator. Each transport owns a duplicate of the communicator, so its messages never
 match anyone else's. Messages of one transfer use tags ``(transfer_id mod 2047) · 2^20 + seq``.
-All block messages of a transfer are posted at once (``Isend``/``Irecv`` on each block's own
-contiguous buffer, so Open MPI's single-copy shared-memory path applies) and completed
-together. (One ``hindexed`` message over all blocks was measured slower here: Open MPI packs
-non-contiguous datatypes through its two-copy path.)
+All data messages of a transfer are posted at once (``Isend``/``Irecv`` on contiguous
+buffers, so Open MPI's single-copy shared-memory path applies) and each is verified as it
+completes. (One ``hindexed`` message over scattered blocks was measured slower here: Open MPI
+packs non-contiguous datatypes through its two-copy path.)
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from transport.base import MessageTransport, TransferSpec, TransportConfig
+from transport.base import TransferSpec, TransportConfig
 from transport.errors import PeerUnreachable, TransportError
+from transport.message import MessageTransport
 
 __all__ = ["MpiTransport"]
 
@@ -63,19 +64,28 @@ class MpiTransport(MessageTransport):
 
     def _tag(self, spec: TransferSpec, seq: int) -> int:
         if seq >= 1 << _SEQ_BITS:
-            raise ValueError(f"mpi: at most {(1 << _SEQ_BITS) - 2} blocks per transfer")
+            raise ValueError(f"mpi: at most {(1 << _SEQ_BITS) - 2} data messages per transfer")
         return ((spec.transfer_id % 2047) << _SEQ_BITS) | seq
 
-    async def _wait(self, requests: list[Any]) -> None:
-        """Drive MPI progress until all requests complete, yielding to the event loop between
-        tests. NOTE: requests are posted and tested on this one loop thread: completing them
-        from another thread (``Waitall`` in an executor) was measured ~2x slower here, and
-        sleeping between tests starves the receiver's shared-memory copy, which MPI performs
-        inside ``Test``. So it spins (yielding) for ``_SPIN_S``, then backs off to 1 ms."""
+    async def _wait(self, requests: list[Any], landed: Callable[[int], None] | None = None) -> None:
+        """Drive MPI progress until all requests complete, calling ``landed(i)`` as request
+        ``i`` completes and yielding to the event loop between tests. NOTE: requests are posted
+        and tested on this one loop thread: completing them from another thread (``Waitall`` /
+        ``Waitsome`` in a helper thread) was measured 2-4x slower here, and sleeping between
+        tests starves the receiver's shared-memory copy, which MPI performs inside ``Test``.
+        So it spins (yielding) for ``_SPIN_S``, then backs off to 1 ms."""
         MPI = self._mpi
         started = time.monotonic()
+        left = len(requests)
         try:
-            while not MPI.Request.Testall(requests):
+            while left:
+                done = MPI.Request.Testsome(requests)
+                if done:
+                    left -= len(done)
+                    if landed is not None:
+                        for i in done:
+                            landed(i)
+                    continue
                 spinning = time.monotonic() - started < _SPIN_S
                 await asyncio.sleep(0 if spinning else 1e-3)
         except asyncio.CancelledError:
@@ -87,26 +97,21 @@ class MpiTransport(MessageTransport):
             raise TransportError(f"mpi: {exc}") from None
 
     async def _send_msg(self, spec: TransferSpec, seq: int, buf: memoryview) -> None:
-        await self._send_many(spec, [(seq, buf)])
+        await self._send_msgs(spec, [(seq, buf)])
 
     async def _recv_msg(self, spec: TransferSpec, seq: int, buf: memoryview) -> None:
-        await self._recv_many(spec, [(seq, buf)])
+        await self._recv_msgs(spec, [(seq, buf)], lambda _i: None)
 
-    async def _send_many(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]]) -> None:
+    async def _send_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]]) -> None:
         peer, byte = self._peer(spec), self._mpi.BYTE
         await self._wait([self._comm.Isend([buf, byte], dest=peer, tag=self._tag(spec, seq)) for seq, buf in msgs])
 
-    async def _recv_many(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]]) -> None:
+    async def _recv_msgs(
+        self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Callable[[int], None]
+    ) -> None:
         peer, byte = self._peer(spec), self._mpi.BYTE
-        await self._wait([self._comm.Irecv([buf, byte], source=peer, tag=self._tag(spec, seq)) for seq, buf in msgs])
-
-    async def _send_blocks(self, spec: TransferSpec, views: list[memoryview]) -> None:
-        await self._send_many(spec, list(enumerate(views, start=2)))
-
-    async def _recv_blocks(self, spec: TransferSpec, views: list[memoryview], landed: Callable[[int], None]) -> None:
-        await self._recv_many(spec, list(enumerate(views, start=2)))
-        for i in range(len(views)):
-            landed(i)
+        requests = [self._comm.Irecv([buf, byte], source=peer, tag=self._tag(spec, seq)) for seq, buf in msgs]
+        await self._wait(requests, landed)
 
     async def _aclose(self) -> None:
         self._comm.Free()

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from transport.memory import host_arena
 from transport.wire import BlockHeader, dtype_from_name
 
 __all__ = ["TensorPool"]
@@ -50,10 +51,30 @@ class TensorPool:
                 t = free.pop()
                 self._free_bytes -= t.numel() * t.element_size()
                 return t
-        return torch.zeros(tuple(shape), dtype=dtype, device=self.device)  # zeros: pages are touched
+        return self._fresh(shape, dtype)
 
     def take_for(self, headers: Sequence[BlockHeader]) -> list[torch.Tensor]:
-        return [self.take(h.shape, dtype_from_name(h.dtype)) for h in headers]
+        """One receive tensor per header: recycled ones where free, the rest fresh and laid
+        back to back (so a transfer lands in them in place, see :mod:`transport.message`)."""
+        out: list[torch.Tensor | None] = []
+        with self._lock:
+            for h in headers:
+                free = self._free.get((tuple(h.shape), dtype_from_name(h.dtype), self.device))
+                t = free.pop() if free else None
+                if t is not None:
+                    self._free_bytes -= t.numel() * t.element_size()
+                out.append(t)
+        missing = [i for i, t in enumerate(out) if t is None]
+        if missing and self.device == "cpu" and len({headers[i].dtype for i in missing}) == 1:
+            fresh = host_arena().empty_run(
+                [headers[i].shape for i in missing], dtype_from_name(headers[missing[0]].dtype)
+            )
+            for i, t in zip(missing, fresh, strict=True):
+                out[i] = t.zero_()  # NOTE: touched now, not during the receive
+        return [
+            t if t is not None else self._fresh(h.shape, dtype_from_name(h.dtype))
+            for t, h in zip(out, headers, strict=True)
+        ]
 
     def give(self, tensors: Sequence[torch.Tensor]) -> None:
         """Return tensors nobody references any more (the caller guarantees that)."""
@@ -67,4 +88,10 @@ class TensorPool:
 
     def reserve(self, shape: Sequence[int], dtype: torch.dtype, count: int) -> None:
         """Pre-fault ``count`` tensors now so later receives do not pay for first touches."""
-        self.give([torch.zeros(tuple(shape), dtype=dtype, device=self.device) for _ in range(count)])
+        self.give([self._fresh(shape, dtype) for _ in range(count)])
+
+    def _fresh(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """A new tensor with its pages touched (zeroed); CPU ones come from huge-page slabs."""
+        if self.device == "cpu":
+            return host_arena().empty(shape, dtype).zero_()
+        return torch.zeros(tuple(shape), dtype=dtype, device=self.device)

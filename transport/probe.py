@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from transport.base import MessageTransport, TransferSpec
+from transport.base import TransferSpec
+from transport.message import MessageTransport
 from transport.wire import BlockHeader, checksum
 
 __all__ = ["probe_blocks", "probe_pair"]

@@ -126,11 +126,11 @@ class RayTransport(Transport):
     def _as_tensors(
         self, headers: Sequence[BlockHeader], arrays: Sequence[np.ndarray], into: Sequence[torch.Tensor] | None
     ) -> list[torch.Tensor]:
-        from transport.base import _check_into
+        from transport.base import check_into
         from transport.wire import dtype_from_name
 
         if into is not None:
-            out = _check_into(headers, into)
+            out = check_into(headers, into)
             for t, a in zip(out, arrays, strict=True):
                 np.copyto(tensor_bytes(t), a)
             return out

@@ -22,8 +22,9 @@ from typing import Any
 
 import xxhash
 
-from transport.base import MessageTransport, TransferSpec, TransportConfig
+from transport.base import TransferSpec, TransportConfig
 from transport.errors import PeerUnreachable, TransportError
+from transport.message import MessageTransport
 
 __all__ = ["UcxTransport"]
 
@@ -76,7 +77,7 @@ class UcxTransport(MessageTransport):
 
     def _tag(self, sender: str, spec: TransferSpec, seq: int) -> Any:
         if seq >= 1 << _SEQ_BITS:
-            raise ValueError(f"ucx: at most {(1 << _SEQ_BITS) - 2} blocks per transfer")
+            raise ValueError(f"ucx: at most {(1 << _SEQ_BITS) - 2} data messages per transfer")
         base = xxhash.xxh64_intdigest(f"{sender}:{spec.transfer_id}".encode())
         return self._ucxx.types.Tag((base & ~((1 << _SEQ_BITS) - 1)) | seq)
 
@@ -111,17 +112,20 @@ class UcxTransport(MessageTransport):
     async def _recv_msg(self, spec: TransferSpec, seq: int, buf: memoryview) -> None:
         await self._guard(self._ucxx.recv(buf, tag=self._tag(spec.peer, spec, seq)), [buf], spec.peer)
 
-    async def _send_blocks(self, spec: TransferSpec, views: list[memoryview]) -> None:
+    async def _send_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]]) -> None:
         ep = await self._endpoint(spec.peer)
-        sends = [ep.send(v, tag=self._tag(self._address, spec, 2 + i), force_tag=True) for i, v in enumerate(views)]
-        await self._guard(asyncio.gather(*sends), views, spec.peer)
+        sends = [ep.send(buf, tag=self._tag(self._address, spec, seq), force_tag=True) for seq, buf in msgs]
+        await self._guard(asyncio.gather(*sends), [buf for _, buf in msgs], spec.peer)
 
-    async def _recv_blocks(self, spec: TransferSpec, views: list[memoryview], landed: Callable[[int], None]) -> None:
-        async def one(i: int, view: memoryview) -> None:
-            await self._ucxx.recv(view, tag=self._tag(spec.peer, spec, 2 + i))
-            landed(i)  # NOTE: verifies block i while later blocks are still arriving
+    async def _recv_msgs(
+        self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Callable[[int], None]
+    ) -> None:
+        async def one(i: int, seq: int, buf: memoryview) -> None:
+            await self._ucxx.recv(buf, tag=self._tag(spec.peer, spec, seq))
+            landed(i)  # NOTE: verifies message i while later messages are still arriving
 
-        await self._guard(asyncio.gather(*(one(i, v) for i, v in enumerate(views))), views, spec.peer)
+        bufs = [buf for _, buf in msgs]
+        await self._guard(asyncio.gather(*(one(i, seq, buf) for i, (seq, buf) in enumerate(msgs))), bufs, spec.peer)
 
     async def _aclose(self) -> None:
         for ep in self._endpoints.values():

@@ -15,7 +15,7 @@ pre-allocated torch tensor and verifies its xxh3-64 checksum.
 
 from __future__ import annotations
 
-import io
+import itertools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +27,8 @@ import torch
 import xxhash
 
 from transport.errors import ChecksumMismatch, WireFormatError
+from transport.layout import MESSAGE_BYTES, message_runs
+from transport.memory import host_arena
 
 __all__ = [
     "HEADER_SCHEMA",
@@ -38,14 +40,17 @@ __all__ = [
     "decode_header",
     "dtype_from_name",
     "encode_header",
+    "MESSAGE_BYTES",
+    "message_runs",
     "read_frame",
     "tensor_bytes",
     "verify",
+    "verify_buffer",
     "write_frame",
 ]
 
 MAGIC = b"GFKV"
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 _PREAMBLE = struct.Struct("<4sHQ")
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -60,6 +65,7 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 _ITEMSIZE = {name: dtype.itemsize for name, dtype in _DTYPES.items()}
+_MAX_DIM = 1 << 40
 
 HEADER_SCHEMA = pa.schema(
     [
@@ -126,7 +132,16 @@ def checksum(tensor: torch.Tensor) -> int:
 
 def verify(header: BlockHeader, tensor: torch.Tensor) -> None:
     """Raise :class:`ChecksumMismatch` unless ``tensor`` holds exactly the announced bytes."""
-    got = checksum(tensor)
+    verify_bytes(header, checksum(tensor))
+
+
+def verify_buffer(header: BlockHeader, data: memoryview) -> None:
+    """:func:`verify` for a block's bytes given as a buffer (no tensor views on the hot path)."""
+    verify_bytes(header, xxhash.xxh3_64_intdigest(data))
+
+
+def verify_bytes(header: BlockHeader, got: int) -> None:
+    """Raise :class:`ChecksumMismatch` unless ``got`` is the header's checksum."""
     if got != header.checksum:
         raise ChecksumMismatch(
             f"block {header.key:016x}: checksum {got:016x} != announced {header.checksum:016x}; "
@@ -135,24 +150,32 @@ def verify(header: BlockHeader, tensor: torch.Tensor) -> None:
 
 
 def encode_header(headers: Sequence[BlockHeader]) -> bytes:
-    """Serialize block headers to one Arrow IPC stream."""
-    table = pa.table(
-        {
-            "key": pa.array([h.key for h in headers], pa.uint64()),
-            "parent_key": pa.array([h.parent_key for h in headers], pa.uint64()),
-            "position_offset": pa.array([h.position_offset for h in headers], pa.int64()),
-            "token_ids": pa.array([list(h.token_ids) for h in headers], pa.list_(pa.int32())),
-            "dtype": pa.array([h.dtype for h in headers], pa.string()),
-            "shape": pa.array([list(h.shape) for h in headers], pa.list_(pa.int64())),
-            "nbytes": pa.array([h.nbytes for h in headers], pa.int64()),
-            "checksum": pa.array([h.checksum for h in headers], pa.uint64()),
-        },
+    """Serialize block headers to one Arrow IPC stream (columns built from numpy, not rows)."""
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.fromiter((h.key for h in headers), np.uint64, len(headers))),
+            pa.array(np.fromiter((h.parent_key for h in headers), np.uint64, len(headers))),
+            pa.array(np.fromiter((h.position_offset for h in headers), np.int64, len(headers))),
+            _list_column([h.token_ids for h in headers], np.int32),
+            pa.array([h.dtype for h in headers], pa.string()),
+            _list_column([h.shape for h in headers], np.int64),
+            pa.array(np.fromiter((h.nbytes for h in headers), np.int64, len(headers))),
+            pa.array(np.fromiter((h.checksum for h in headers), np.uint64, len(headers))),
+        ],
         schema=HEADER_SCHEMA,
     )
-    sink = io.BytesIO()
+    sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, HEADER_SCHEMA) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _list_column(rows: Sequence[Sequence[int]], dtype: type[np.generic]) -> pa.ListArray:
+    lengths = np.fromiter((len(r) for r in rows), np.int32, len(rows))
+    offsets = np.zeros(len(rows) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.fromiter(itertools.chain.from_iterable(rows), dtype, int(offsets[-1]))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
 def decode_header(data: bytes | memoryview, limits: WireLimits | None = None) -> list[BlockHeader]:
@@ -172,54 +195,89 @@ def decode_header(data: bytes | memoryview, limits: WireLimits | None = None) ->
         raise WireFormatError(f"header schema does not match wire version {WIRE_VERSION}: {table.schema}")
     if table.num_rows > limits.max_blocks:
         raise WireFormatError(f"header announces {table.num_rows} blocks, limit is {limits.max_blocks}")
-    headers = _rows(table)
-    total = 0
-    for h in headers:
-        itemsize = _ITEMSIZE.get(h.dtype) or dtype_from_name(h.dtype).itemsize
-        if any(d < 0 for d in h.shape) or h.nbytes != int(np.prod(h.shape, dtype=np.int64)) * itemsize:
-            raise WireFormatError(f"block {h.key:016x}: nbytes {h.nbytes} does not match shape {h.shape} × {h.dtype}")
-        total += h.nbytes
-    if total > limits.max_total_bytes:
-        raise WireFormatError(
-            f"header announces {total} bytes, limit is {limits.max_total_bytes}; refusing to allocate"
-        )
-    return headers
+    columns = _Columns(table.combine_chunks())
+    columns.check_sizes(limits)
+    return columns.rows()
 
 
-def _rows(table: pa.Table) -> list[BlockHeader]:
-    """Header rows as dataclasses, reading columns as numpy (to_pydict is ~10x slower)."""
-    table = table.combine_chunks()
+class _Columns:
+    """The header's columns as numpy arrays; validation and row building, vectorised."""
 
-    def ints(name: str) -> list[int]:
-        return table.column(name).chunk(0).to_numpy().tolist() if table.num_rows else []
+    def __init__(self, table: pa.Table) -> None:
+        self.n = table.num_rows
 
-    def lists(name: str) -> list[tuple[int, ...]]:
-        if not table.num_rows:
-            return []
-        arr = table.column(name).chunk(0)
-        offsets = arr.offsets.to_numpy()
-        values = arr.values.to_numpy().tolist()
-        return [tuple(values[offsets[i] : offsets[i + 1]]) for i in range(len(arr))]
+        def col(name: str) -> pa.Array:
+            chunks = table.column(name).chunks
+            return chunks[0] if chunks else pa.array([], HEADER_SCHEMA.field(name).type)
 
-    dtypes = table.column("dtype").to_pylist()
-    return [
-        BlockHeader(*row)
-        for row in zip(
-            ints("key"),
-            ints("parent_key"),
-            ints("position_offset"),
-            lists("token_ids"),
-            dtypes,
-            lists("shape"),
-            ints("nbytes"),
-            ints("checksum"),
-            strict=True,
-        )
-    ]
+        self.ints = {
+            name: col(name).to_numpy() for name in ("key", "parent_key", "position_offset", "nbytes", "checksum")
+        }
+        self.dtypes: list[str] = col("dtype").to_pylist()
+        self.lists = {
+            name: (col(name).offsets.to_numpy(), col(name).values.to_numpy()) for name in ("token_ids", "shape")
+        }
+
+    def check_sizes(self, limits: WireLimits) -> None:
+        offsets, dims = self.lists["shape"]
+        if self.n == 0:
+            return
+        if (dims < 0).any() or (dims > _MAX_DIM).any():
+            row = int(np.searchsorted(offsets, int(np.argmax((dims < 0) | (dims > _MAX_DIM))), "right")) - 1
+            raise WireFormatError(f"block {int(self.ints['key'][row]):016x}: shape has a dimension out of range")
+        lengths = np.diff(offsets)
+        itemsizes = np.array([_ITEMSIZE.get(d) or dtype_from_name(d).itemsize for d in self.dtypes], np.float64)
+        # NOTE: products in float64 first, so an absurd shape cannot wrap around int64
+        logical = np.ones(self.n, np.float64)
+        ends = offsets[1:]
+        nonempty = lengths > 0
+        if nonempty.any():
+            prods = np.multiply.reduceat(dims[: offsets[-1]].astype(np.float64), offsets[:-1][nonempty])
+            logical[nonempty] = prods
+        expected = logical * itemsizes
+        nbytes = self.ints["nbytes"]
+        bad = (expected > 2.0**62) | (expected != nbytes.astype(np.float64)) | (nbytes < 0)
+        if bad.any():
+            i = int(np.argmax(bad))
+            shape = tuple(dims[offsets[i] : ends[i]].tolist())
+            key = int(self.ints["key"][i])
+            what = f"nbytes {int(nbytes[i])} does not match shape {shape} × {self.dtypes[i]}"
+            raise WireFormatError(f"block {key:016x}: {what}")
+        total = int(nbytes.sum())
+        if total > limits.max_total_bytes:
+            raise WireFormatError(
+                f"header announces {total} bytes, limit is {limits.max_total_bytes}; refusing to allocate"
+            )
+
+    def rows(self) -> list[BlockHeader]:
+        return [
+            BlockHeader(*row)
+            for row in zip(
+                self.ints["key"].tolist(),
+                self.ints["parent_key"].tolist(),
+                self.ints["position_offset"].tolist(),
+                self._tuples("token_ids"),
+                self.dtypes,
+                self._tuples("shape"),
+                self.ints["nbytes"].tolist(),
+                self.ints["checksum"].tolist(),
+                strict=True,
+            )
+        ]
+
+    def _tuples(self, name: str) -> list[tuple[int, ...]]:
+        offsets, values = self.lists[name]
+        lengths = np.diff(offsets)
+        if self.n and (lengths == lengths[0]).all():  # NOTE: the usual case, every row alike
+            return list(map(tuple, values[offsets[0] : offsets[-1]].reshape(self.n, int(lengths[0])).tolist()))
+        flat = values.tolist()
+        return [tuple(flat[a:b]) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
 
 
 def allocate(headers: Sequence[BlockHeader], device: str = "cpu") -> list[torch.Tensor]:
-    """Pre-allocate one receive tensor per (validated) header."""
+    """Pre-allocate one receive tensor per (validated) header (CPU: in huge-page slabs)."""
+    if device == "cpu":
+        return [host_arena().empty(h.shape, dtype_from_name(h.dtype)) for h in headers]
     return [torch.empty(h.shape, dtype=dtype_from_name(h.dtype), device=device) for h in headers]
 
 

@@ -46,7 +46,8 @@ from graphflow.kv.state import Lineage
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
-from transport.base import MessageTransport, TransferSpec
+from transport.base import TransferSpec
+from transport.message import MessageTransport
 
 __all__ = ["SYSTEMS", "AgentsPlan", "agents_side"]
 

@@ -30,7 +30,8 @@ from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
 from scheduler.calibrate import Profile, fit_linear, fit_link, fit_prefill
 from scheduler.policy import Option, Policy, RemoteCopy, StateRequest, decide, prediction_error, regret
-from transport.base import MessageTransport, TransferSpec
+from transport.base import TransferSpec
+from transport.message import MessageTransport
 from transport.probe import probe_pair
 
 __all__ = ["SweepPlan", "analyse", "sweep_side"]

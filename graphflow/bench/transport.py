@@ -100,7 +100,9 @@ def ray_side(role: int, name: str, peer: str, size: int, block_bytes: int, trans
     global _RAY_T
     if _RAY_T is None:
         _RAY_T = RayTransport(TransportConfig(timeout_s=120), name=name)
-    headers, tensors = _RAY_BLOCKS.setdefault((size, block_bytes), blocks_for(size, block_bytes))
+    if (size, block_bytes) not in _RAY_BLOCKS:  # NOTE: made once per size, outside the timed transfers
+        _RAY_BLOCKS[(size, block_bytes)] = blocks_for(size, block_bytes)
+    headers, tensors = _RAY_BLOCKS[(size, block_bytes)]
     spec = TransferSpec.for_headers(transfer_id, peer, headers)
     start = time.perf_counter()
     if role == 0:

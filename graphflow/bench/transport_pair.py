@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from transport.base import MessageTransport, TransferSpec, Transport
+from transport.base import TransferSpec, Transport
+from transport.memory import host_arena
+from transport.message import MessageTransport
 from transport.pool import TensorPool
 from transport.wire import BlockHeader, checksum
 
@@ -43,12 +45,13 @@ class BenchPlan:
 def blocks_for(size: int, block_bytes: int) -> tuple[list[BlockHeader], list[torch.Tensor]]:
     """Deterministic uint8 blocks totalling ``size`` bytes (the last one may be smaller)."""
     g = torch.Generator().manual_seed(size)
-    headers, tensors = [], []
-    for i, lo in enumerate(range(0, size, block_bytes)):
-        n = min(block_bytes, size - lo)
-        t = torch.randint(0, 255, (n,), dtype=torch.uint8, generator=g)
-        headers.append(BlockHeader(i + 1, i, lo, (), "uint8", (n,), n, checksum(t)))
-        tensors.append(t)
+    sizes = [min(block_bytes, size - lo) for lo in range(0, size, block_bytes)]
+    # NOTE: laid out as the KV store lays out the blocks of one state (transport.memory)
+    tensors = host_arena().empty_run([(n,) for n in sizes], torch.uint8)
+    headers = []
+    for i, (t, lo) in enumerate(zip(tensors, range(0, size, block_bytes), strict=True)):
+        t.copy_(torch.randint(0, 255, (sizes[i],), dtype=torch.uint8, generator=g))
+        headers.append(BlockHeader(i + 1, i, lo, (), "uint8", (sizes[i],), sizes[i], checksum(t)))
     return headers, tensors
 
 

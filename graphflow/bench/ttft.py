@@ -32,7 +32,8 @@ from graphflow.kv.codec import from_wire, to_wire
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
-from transport.base import MessageTransport, TransferSpec
+from transport.base import TransferSpec
+from transport.message import MessageTransport
 
 __all__ = ["TtftPlan", "ttft_side"]
 

@@ -30,9 +30,10 @@ import torch
 import xxhash
 
 from graphflow.kv.errors import ChecksumMismatch
+from transport.memory import host_arena
 from transport.wire import checksum as tensor_checksum
 
-__all__ = ["ROOT_KEY", "KVBlock", "block_key", "chain_keys", "make_block"]
+__all__ = ["ROOT_KEY", "KVBlock", "block_key", "chain_keys", "make_block", "make_blocks"]
 
 ROOT_KEY = 0
 _U64 = struct.Struct("<Q")
@@ -115,21 +116,67 @@ def make_block(
     tensor: torch.Tensor,
     model_key: str,
 ) -> KVBlock:
-    """Build a block, computing its chain key and checksum; the tensor is made contiguous."""
+    """Build a block, computing its chain key and checksum; the tensor is copied into block
+    memory (host tensors: a huge-page slab of :func:`transport.memory.host_arena`)."""
+    _check_kv(tensor, len(token_ids))
+    if tensor.device.type == "cpu":
+        owned = host_arena().copy_of(tensor)
+    else:
+        owned = tensor.contiguous()
+        if owned.untyped_storage().nbytes() != owned.numel() * owned.element_size():
+            owned = owned.clone()  # NOTE: a view into a larger buffer would keep it all alive
+    return _block(parent_key, token_ids, position_offset, owned, model_key)
+
+
+def make_blocks(
+    parent_key: int,
+    token_ids: Sequence[int],
+    position_offset: int,
+    kv: torch.Tensor,
+    model_key: str,
+    block_tokens: int,
+) -> list[KVBlock]:
+    """Cut ``kv`` (``[layers, 2, kv_heads, len(token_ids), head_dim]``) into chained blocks of
+    ``block_tokens`` (the last may be shorter), in one copy.
+
+    Host blocks are laid back to back in spans of at most one wire message
+    (:data:`transport.layout.MESSAGE_BYTES`), so a transfer of them from the first block sends
+    each span in place; a span's memory is freed once none of its blocks is referenced.
+    """
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens must be positive, got {block_tokens}")
+    _check_kv(kv, len(token_ids))
+    cuts = [(lo, min(lo + block_tokens, len(token_ids))) for lo in range(0, len(token_ids), block_tokens)]
+    layers, _, heads, _, dim = kv.shape
+    if kv.device.type == "cpu":
+        parts = host_arena().empty_run([(layers, 2, heads, hi - lo, dim) for lo, hi in cuts], kv.dtype)
+        for part, (lo, hi) in zip(parts, cuts, strict=True):
+            part.copy_(kv[:, :, :, lo:hi])
+    else:
+        parts = [kv[:, :, :, lo:hi].clone(memory_format=torch.contiguous_format) for lo, hi in cuts]
+    blocks: list[KVBlock] = []
+    for part, (lo, hi) in zip(parts, cuts, strict=True):
+        blocks.append(_block(parent_key, token_ids[lo:hi], position_offset + lo, part, model_key))
+        parent_key = blocks[-1].key
+    return blocks
+
+
+def _check_kv(tensor: torch.Tensor, num_tokens: int) -> None:
     if tensor.dim() != 5 or tensor.shape[1] != 2:
         raise ValueError(f"block tensor must be [layers, 2, kv_heads, tokens, head_dim], got {tuple(tensor.shape)}")
-    if tensor.shape[3] != len(token_ids):
-        raise ValueError(f"block tensor holds {tensor.shape[3]} tokens but {len(token_ids)} token ids were given")
-    tensor = tensor.contiguous()
-    if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-        # NOTE: a view into a larger buffer would keep that whole buffer alive; own the bytes.
-        tensor = tensor.clone()
+    if tensor.shape[3] != num_tokens:
+        raise ValueError(f"block tensor holds {tensor.shape[3]} tokens but {num_tokens} token ids were given")
+
+
+def _block(
+    parent_key: int, token_ids: Sequence[int], position_offset: int, owned: torch.Tensor, model_key: str
+) -> KVBlock:
     ids = tuple(int(t) for t in token_ids)
     return KVBlock(
         key=block_key(parent_key, ids, model_key),
         parent_key=parent_key,
         token_ids=ids,
         position_offset=position_offset,
-        tensor=tensor,
-        checksum=tensor_checksum(tensor),
+        tensor=owned,
+        checksum=tensor_checksum(owned),
     )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PretrainedConfig
 
-from graphflow.kv.block import ROOT_KEY, KVBlock, block_key, make_block
+from graphflow.kv.block import ROOT_KEY, KVBlock, block_key, make_blocks
 from graphflow.kv.errors import IncompatibleState
 from graphflow.kv.state import ModelIdentity
 
@@ -94,15 +94,7 @@ def cache_to_blocks(
     if start % block_tokens:
         raise ValueError(f"start {start} is not a multiple of block_tokens {block_tokens}")
     stacked = stack_cache(cache, start, row=row)
-    blocks: list[KVBlock] = []
-    for lo in range(start, n, block_tokens):
-        hi = min(lo + block_tokens, n)
-        block = make_block(
-            parent_key, token_ids[lo:hi], lo, stacked[:, :, :, lo - start : hi - start], identity.model_key
-        )
-        blocks.append(block)
-        parent_key = block.key
-    return blocks
+    return make_blocks(parent_key, list(token_ids[start:n]), start, stacked, identity.model_key, block_tokens)
 
 
 def validate_chain(blocks: Sequence[KVBlock], identity: ModelIdentity, *, verify_bytes: bool = True) -> None:

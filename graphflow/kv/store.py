@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from graphflow.kv.block import ROOT_KEY, KVBlock, make_block
+from graphflow.kv.block import ROOT_KEY, KVBlock, make_blocks
 from graphflow.kv.packing import validate_chain
 from graphflow.kv.state import KVState, Lineage, ModelIdentity, Placement, Positions
 
@@ -197,12 +197,7 @@ class BlockStore:
         else:
             ids = list(token_ids)
             start, parent = state.position.end, (tail.key if tail else ROOT_KEY)
-        new_blocks: list[KVBlock] = []
-        for lo in range(0, len(ids), self.block_tokens):
-            hi = min(lo + self.block_tokens, len(ids))
-            block = make_block(parent, ids[lo:hi], start + lo, kv[:, :, :, lo:hi], self.identity.model_key)
-            new_blocks.append(block)
-            parent = block.key
+        new_blocks = make_blocks(parent, ids, start, kv, self.identity.model_key, self.block_tokens)
         new_bytes = sum(b.nbytes for b in new_blocks if b.key not in self._slots)
         freed = tail.nbytes if (tail is not None and rewrite_tail and self.refcount(tail.key) == 1) else 0
         if not self.can_allocate(new_bytes - freed):
@@ -238,9 +233,13 @@ class BlockStore:
                 refs[key] = refs.get(key, 0) + 1
         if refs != {k: s.refs for k, s in self._slots.items()}:
             raise RuntimeError("block refcounts do not match the states that reference them")
-        real = sum(s.block.tensor.untyped_storage().nbytes() for s in self._slots.values())
+        # NOTE: block tensors are views into shared slab spans (transport.memory); the store
+        # accounts each block's own bytes
+        real = sum(s.block.tensor.numel() * s.block.tensor.element_size() for s in self._slots.values())
         if real != self._used:
             raise RuntimeError(f"accounted {self._used} bytes but stored tensors hold {real}")
+        if not all(s.block.tensor.is_contiguous() for s in self._slots.values()):
+            raise RuntimeError("a stored block tensor is not contiguous")
         if self.free_bytes + self._used != self.capacity_bytes or self._used > self.capacity_bytes:
             raise RuntimeError(f"free {self.free_bytes} + used {self._used} != capacity {self.capacity_bytes}")
 

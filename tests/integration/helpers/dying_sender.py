@@ -16,7 +16,7 @@ import torch
 from graphflow.checks.rendezvous import exchange_addresses
 from transport.base import TransferSpec, TransportConfig
 from transport.registry import create
-from transport.wire import BlockHeader, checksum, encode_header
+from transport.wire import WIRE_VERSION, BlockHeader, checksum, encode_header
 
 BLOCK = 8 << 20
 
@@ -40,7 +40,7 @@ def main() -> None:
     header = encode_header(headers)
     import struct
 
-    first = struct.pack("<4sHQ", b"GFKV", 1, len(header)) + header
+    first = struct.pack("<4sHQ", b"GFKV", WIRE_VERSION, len(header)) + header
     t.run(t._send_msg(spec, 0, memoryview(first)))  # type: ignore[attr-defined]
     time.sleep(0.5)
     os._exit(3)

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from graphflow.kv import ROOT_KEY, ChecksumMismatch, block_key, chain_keys, make_block
+from graphflow.kv.block import make_blocks
+from transport.layout import message_runs
 
 from .helpers import IDENTITY, kv
 
@@ -33,11 +35,12 @@ def test_block_keys_identical_across_processes():
     assert out.strip() == str(chain_keys(list(range(100)), "tiny@abc", 16))
 
 
-def test_make_block_owns_exact_bytes_and_verifies():
+def test_make_block_copies_into_block_memory_and_verifies():
     big = kv(32)
     block = make_block(ROOT_KEY, list(range(16)), 0, big[:, :, :, :16], IDENTITY.model_key)
     assert block.tensor.is_contiguous()
-    assert block.tensor.untyped_storage().nbytes() == block.nbytes == 2 * 2 * 2 * 16 * 4 * 4
+    assert block.nbytes == 2 * 2 * 2 * 16 * 4 * 4
+    assert block.tensor.untyped_storage().data_ptr() != big.untyped_storage().data_ptr()  # a copy, not a view
     assert torch.equal(block.tensor, big[:, :, :, :16])
     block.verify()
     block.tensor.view(-1)[7] += 1.0
@@ -50,3 +53,25 @@ def test_make_block_rejects_wrong_shapes():
         make_block(ROOT_KEY, [1, 2], 0, kv(3), "m")
     with pytest.raises(ValueError, match="layers, 2"):
         make_block(ROOT_KEY, [1, 2], 0, torch.zeros(2, 3, 2, 2, 4), "m")
+
+
+def test_make_blocks_chains_and_lays_blocks_back_to_back_per_message():
+    # 16-token blocks of 2 KiB each here: 2,048 of them fill one 4 MiB message span
+    full = kv(16 * 2050 + 5)
+    ids = list(range(full.shape[3]))
+    blocks = make_blocks(ROOT_KEY, ids, 0, full, IDENTITY.model_key, 16)
+    assert [b.key for b in blocks] == chain_keys(ids, IDENTITY.model_key, 16)
+    assert blocks[-1].num_tokens == 5
+    assert all(
+        torch.equal(b.tensor, full[:, :, :, b.position_offset : b.position_offset + b.num_tokens]) for b in blocks
+    )
+    sizes = [b.nbytes for b in blocks]
+    for run in message_runs(sizes):
+        ptrs = [blocks[i].tensor.data_ptr() for i in run]
+        assert all(ptrs[k + 1] == ptrs[k] + sizes[run[k]] for k in range(len(ptrs) - 1))
+    assert sizes[0] == 2048 and [len(r) for r in message_runs(sizes)] == [2048, 3]
+
+
+def test_make_blocks_rejects_bad_block_tokens():
+    with pytest.raises(ValueError, match="block_tokens"):
+        make_blocks(ROOT_KEY, [1, 2], 0, kv(2), "m", 0)

@@ -6,9 +6,12 @@ from dataclasses import replace
 import pytest
 import torch
 
+from transport import message
 from transport.base import TransferSpec, TransportConfig
 from transport.errors import ChecksumMismatch, PeerUnreachable, TransferTimeout, WireFormatError
+from transport.layout import message_runs
 from transport.local import LocalTransport
+from transport.memory import host_arena
 from transport.pool import TensorPool
 from transport.wire import WireLimits, checksum, tensor_bytes
 
@@ -116,3 +119,57 @@ def test_spec_must_match_headers(pair):
     headers, tensors = _blocks(2)
     with pytest.raises(ValueError, match="do not match"):
         a.send(TransferSpec(1, b.address, (1,), (4,)), headers, tensors)
+
+
+def _big_blocks(n: int, nbytes: int, laid_out: bool) -> tuple[list, list[torch.Tensor]]:
+    """``n`` float32 blocks of ``nbytes``: back to back in block memory, or separate tensors."""
+    shape = (nbytes // 4,)
+    separate = [torch.empty(shape) for _ in range(n)]
+    tensors = host_arena().empty_run([shape] * n, torch.float32) if laid_out else separate
+    for i, t in enumerate(tensors):
+        t.copy_(torch.randn(shape, generator=torch.Generator().manual_seed(i)))
+    headers = [replace(_header(t), key=i + 1, token_ids=()) for i, t in enumerate(tensors)]
+    return headers, tensors
+
+
+def test_transfer_of_several_messages_lands_in_message_spans(pair):
+    headers, tensors = _big_blocks(10, 1 << 20, laid_out=False)  # 10 MiB: messages of 4, 4, 2 blocks
+    got = _transfer(pair, headers, tensors)
+    assert all(torch.equal(x, y) for x, y in zip(got.tensors, tensors, strict=True))
+    runs = message_runs([h.nbytes for h in headers])
+    assert [len(r) for r in runs] == [4, 4, 2]
+    for run in runs:  # each message's blocks are views of one span, back to back
+        ptrs = [got.tensors[i].data_ptr() for i in run]
+        assert ptrs == [ptrs[0] + k * (1 << 20) for k in range(len(run))]
+
+
+def test_back_to_back_blocks_are_sent_in_place(pair, monkeypatch):
+    def no_gather(*_args: object) -> None:
+        raise AssertionError("blocks laid out back to back must not be gathered")
+
+    headers, tensors = _big_blocks(6, 1 << 20, laid_out=True)
+    monkeypatch.setattr(message, "_gather", no_gather)
+    got = _transfer(pair, headers, tensors)
+    assert all(torch.equal(x, y) for x, y in zip(got.tensors, tensors, strict=True))
+
+
+def test_scattered_blocks_are_gathered_and_scattered(pair, monkeypatch):
+    gathered = []
+    real_gather = message._gather
+    monkeypatch.setattr(message, "_gather", lambda blocks, total: gathered.append(total) or real_gather(blocks, total))
+    headers, tensors = _big_blocks(6, 1 << 20, laid_out=False)
+    into = [torch.zeros_like(t) for t in tensors]  # separate tensors: lands in staging, then scattered
+    got = _transfer(pair, headers, tensors, into=into)
+    assert gathered == [4 << 20, 2 << 20]
+    assert all(g is i for g, i in zip(got.tensors, into, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(into, tensors, strict=True))
+
+
+def test_corrupt_block_in_a_later_message_is_caught_and_not_scattered(pair):
+    headers, tensors = _big_blocks(6, 1 << 20, laid_out=False)
+    tensors[5] = tensors[5].clone()
+    tensor_bytes(tensors[5])[123] ^= 0x01
+    into = [torch.zeros_like(t) for t in tensors]
+    with pytest.raises(ChecksumMismatch):
+        _transfer(pair, headers, tensors, into=into)
+    assert not into[4].any() and not into[5].any()  # the bad message never reached the caller's tensors

@@ -59,3 +59,19 @@ def test_frame_round_trip_and_bitflip():
         read_frame(io.BytesIO(bytes(data)))
     with pytest.raises(WireFormatError, match="truncated"):
         read_frame(io.BytesIO(buf.getvalue()[:-10]))
+
+
+def test_rows_of_different_ranks_round_trip():
+    t = torch.zeros(2, 3)
+    rows = [_header(t), _header(torch.zeros(5), key=8, token_ids=(), shape=(5,), nbytes=20), _header(t, key=9)]
+    assert decode_header(encode_header(rows)) == rows
+    assert decode_header(encode_header([])) == []
+
+
+def test_shapes_that_would_overflow_are_rejected():
+    wraps = _header(torch.zeros(1), shape=(1 << 32, 1 << 32), nbytes=0)  # product wraps int64 to 0
+    with pytest.raises(WireFormatError, match="does not match"):
+        decode_header(encode_header([wraps]))
+    huge_dim = _header(torch.zeros(1), shape=(1 << 41,), nbytes=(1 << 41) * 4)
+    with pytest.raises(WireFormatError, match="out of range"):
+        decode_header(encode_header([huge_dim]))

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transport.layout import MESSAGE_BYTES, message_runs
+from transport.memory import HUGE_PAGE_BYTES, HostArena
+
+
+def test_slabs_are_huge_page_aligned_and_carved_back_to_back():
+    arena = HostArena(slab_bytes=2 * HUGE_PAGE_BYTES)
+    a = arena.empty((1000,), torch.uint8)
+    b = arena.empty((10,), torch.float32)
+    assert a.data_ptr() % HUGE_PAGE_BYTES == 0
+    assert b.data_ptr() == a.data_ptr() + 1024  # 1000 bytes rounded up to 64-byte alignment
+    assert arena.slabs_made == 1
+
+
+def test_a_full_slab_starts_a_new_one_and_big_requests_get_their_own():
+    arena = HostArena(slab_bytes=HUGE_PAGE_BYTES)
+    arena.empty_bytes(HUGE_PAGE_BYTES // 2)
+    arena.empty_bytes(HUGE_PAGE_BYTES // 2)
+    assert arena.slabs_made == 1
+    arena.empty_bytes(64)
+    assert arena.slabs_made == 2
+    big = arena.empty_bytes(3 * HUGE_PAGE_BYTES + 5)
+    assert big.numel() == 3 * HUGE_PAGE_BYTES + 5 and big.data_ptr() % HUGE_PAGE_BYTES == 0
+    assert arena.slabs_made == 3
+
+
+def test_copy_of_is_a_contiguous_copy():
+    src = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4).transpose(0, 2)
+    out = HostArena().copy_of(src)
+    assert out.is_contiguous() and torch.equal(out, src)
+    out.zero_()
+    assert src.abs().sum() > 0
+
+
+def test_empty_run_lays_blocks_out_as_the_wire_cuts_messages():
+    shapes = [(3, 1 << 18)] * 7  # 3 MiB float32 blocks: one per message
+    blocks = HostArena().empty_run(shapes, torch.float32)
+    assert [tuple(b.shape) for b in blocks] == shapes
+    sizes = [3 << 20] * 7
+    assert [len(r) for r in message_runs(sizes)] == [1] * 7
+    small = HostArena().empty_run([(1 << 18,)] * 6, torch.float32)  # 1 MiB blocks: 4 + 2 per message
+    ptrs = [t.data_ptr() for t in small]
+    assert ptrs[1:4] == [ptrs[0] + k * (1 << 20) for k in (1, 2, 3)]
+    assert ptrs[5] == ptrs[4] + (1 << 20)
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="multiple"):
+        HostArena(slab_bytes=HUGE_PAGE_BYTES + 1)
+    with pytest.raises(ValueError, match="negative"):
+        HostArena().empty((2, -1), torch.float32)
+    with pytest.raises(ValueError, match="non-negative"):
+        HostArena().empty_bytes(-1)
+
+
+def test_message_runs_are_greedy_and_keep_big_blocks_alone():
+    assert message_runs([]) == []
+    assert message_runs([1, 1, 1], max_message_bytes=2) == [range(0, 2), range(2, 3)]
+    assert message_runs([5, 1, 1], max_message_bytes=2) == [range(0, 1), range(1, 3)]
+    assert message_runs([MESSAGE_BYTES] * 2) == [range(0, 1), range(1, 2)]
+    with pytest.raises(ValueError):
+        message_runs([1], max_message_bytes=0)
