@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 __all__ = ["MESSAGE_BYTES", "message_runs"]
 
-MESSAGE_BYTES = 4 << 20
+MESSAGE_BYTES = 8 << 20
 
 
 def message_runs(nbytes: Sequence[int], max_message_bytes: int = MESSAGE_BYTES) -> list[range]:

@@ -1,7 +1,7 @@
 """The transfer protocol of every message backend (UCX, MPI, local), written once.
 
 ```
-seq 0     preamble (magic, version, header_len) + the header when it fits FIRST_MESSAGE_BYTES
+seq 0     preamble (magic, version, header_len) + the header when it fits (first_message_bytes)
 seq 1     the header (Arrow IPC, one row per block), only when it did not fit in seq 0
 seq 2+m   data message m: the bytes of a run of consecutive blocks, at most MESSAGE_BYTES
           (transport.layout.message_runs; a bigger block travels alone)
@@ -48,7 +48,7 @@ from transport.wire import (
     verify_buffer,
 )
 
-__all__ = ["MessageTransport"]
+__all__ = ["MessageTransport", "first_message_bytes"]
 
 _PREAMBLE = struct.Struct("<4sHQ")
 _MAGIC = b"GFKV"
@@ -67,11 +67,11 @@ class _Inbound:
 class MessageTransport(Transport):
     """A transport built on ordered, tagged messages; see the module doc.
 
-    The first message carries the preamble and, when it fits in ``FIRST_MESSAGE_BYTES``, the
-    header too (one message instead of two for every transfer of up to ~600 blocks).
+    The first message carries the preamble and, when it fits in :func:`first_message_bytes`
+    (64 KiB plus 512 bytes per block, a bound both sides compute from the spec), the header
+    too: one message, whose receive is posted with the data's, so it lands right after the
+    first data message instead of queueing behind all of them.
     """
-
-    FIRST_MESSAGE_BYTES = 64 << 10
     CONTROL_SEQ = (1 << 20) - 1
 
     @abstractmethod
@@ -123,19 +123,22 @@ class MessageTransport(Transport):
         data = [(2 + m, _outbound(run, ptrs, spec.nbytes, host, staging)) for m, run in enumerate(runs)]
 
         async def run() -> None:
-            # NOTE: data first: the receiver has posted its receives from the spec, so the bytes
-            # move while the header is encoded, sent and decoded
-            sending = asyncio.ensure_future(self._send_msgs(spec, data))
+            # NOTE: the first data message goes out before the header is encoded (the receiver
+            # posted its receives from the spec), the rest after the header: a receiver handles
+            # arrivals in order, and a header queued behind all the data would hold every
+            # checksum back until the end
+            sending = [asyncio.ensure_future(self._send_msgs(spec, data[:1]))]
             await asyncio.sleep(0)
             header = encode_header(headers)
             first = _PREAMBLE.pack(_MAGIC, WIRE_VERSION, len(header))
-            inline = _PREAMBLE.size + len(header) <= self.FIRST_MESSAGE_BYTES
+            inline = _PREAMBLE.size + len(header) <= first_message_bytes(spec)
             msgs = [(0, memoryview(first + header))] if inline else [(0, memoryview(first)), (1, memoryview(header))]
+            sending.append(asyncio.ensure_future(self._send_msgs(spec, msgs + data[1:])))
             try:
-                await self._send_msgs(spec, msgs)
-                await sending
+                await asyncio.gather(*sending)
             finally:
-                sending.cancel()
+                for task in sending:
+                    task.cancel()
 
         await self._deadline(run(), f"send of {spec.total_bytes} bytes to {spec.peer[:32]}")
         return TransferStats(self.name, spec.total_bytes, len(host), time.perf_counter() - start)
@@ -193,18 +196,24 @@ class MessageTransport(Transport):
 
     async def _recv_header(self, spec: TransferSpec) -> list[BlockHeader]:
         limits = self.config.limits
-        first = bytearray(self.FIRST_MESSAGE_BYTES)
+        first = bytearray(first_message_bytes(spec))
         await self._recv_msg(spec, 0, memoryview(first))
         magic, version, header_len = _PREAMBLE.unpack_from(first)
         if magic != _MAGIC or version != WIRE_VERSION:
             raise WireFormatError(f"not a GraphFlow KV transfer (magic {magic!r}, version {version})")
         if header_len > limits.max_header_bytes:
             raise WireFormatError(f"header of {header_len} bytes exceeds the limit {limits.max_header_bytes}")
-        if _PREAMBLE.size + header_len <= self.FIRST_MESSAGE_BYTES:
+        if _PREAMBLE.size + header_len <= len(first):
             return decode_header(memoryview(first)[_PREAMBLE.size : _PREAMBLE.size + header_len], limits)
         buf = bytearray(header_len)
         await self._recv_msg(spec, 1, memoryview(buf))
         return decode_header(memoryview(buf), limits)
+
+
+def first_message_bytes(spec: TransferSpec) -> int:
+    """The receive buffer of a transfer's first message (preamble + header when it fits):
+    64 KiB plus 512 bytes per block, enough for the header of blocks of up to ~80 tokens."""
+    return (64 << 10) + 512 * len(spec.block_keys)
 
 
 def _host_block(t: torch.Tensor, nbytes: int) -> torch.Tensor:
@@ -251,12 +260,14 @@ def _landing(run: range, nbytes: Sequence[int], into: Sequence[torch.Tensor] | N
     """Choose where the data message carrying ``run`` lands."""
     total = sum(nbytes[i] for i in run)
     if into is not None:
-        own = [_bytes_of(into[i]) for i in run]
-        ptrs = {i: t.data_ptr() for i, t in zip(run, own, strict=True)}
+        for i in run:
+            if not into[i].is_contiguous() or into[i].device.type != "cpu":
+                raise ValueError("receive tensors must be contiguous CPU tensors")
+        ptrs = {i: into[i].data_ptr() for i in run}
         if _back_to_back(run, ptrs, nbytes):
-            return _Inbound(run, own[0], _address_view(ptrs[run.start], total), None)  # lands in place
+            return _Inbound(run, into[run.start], _address_view(ptrs[run.start], total), None)  # lands in place
         staging = host_arena().empty_bytes(total)
-        return _Inbound(run, staging, _address_view(staging.data_ptr(), total), own)
+        return _Inbound(run, staging, _address_view(staging.data_ptr(), total), [_bytes_of(into[i]) for i in run])
     span = host_arena().empty_bytes(total)
     return _Inbound(run, span, _address_view(span.data_ptr(), total), None)
 
@@ -265,9 +276,16 @@ def _blocks(headers: Sequence[BlockHeader], inbound: Sequence[_Inbound], nbytes:
     """Each block as a view of the span its message landed in, shaped as its header says."""
     out: list[torch.Tensor] = []
     for msg in inbound:
-        parts = msg.landing.split([nbytes[i] for i in msg.blocks])
-        for i, part in zip(msg.blocks, parts, strict=True):
-            out.append(part.view(dtype_from_name(headers[i].dtype)).view(headers[i].shape))
+        lo = msg.blocks.start
+        while lo < msg.blocks.stop:  # NOTE: blocks alike (the usual case) are cut in one call
+            h = headers[lo]
+            hi = lo + 1
+            while hi < msg.blocks.stop and headers[hi].shape == h.shape and headers[hi].dtype == h.dtype:
+                hi += 1
+            offset = sum(nbytes[i] for i in range(msg.blocks.start, lo))
+            alike = msg.landing[offset : offset + (hi - lo) * h.nbytes]
+            out += alike.view(dtype_from_name(h.dtype)).view(hi - lo, *h.shape).unbind(0)
+            lo = hi
     return out
 
 

@@ -8,7 +8,7 @@ import torch
 
 from graphflow.kv import ROOT_KEY, ChecksumMismatch, block_key, chain_keys, make_block
 from graphflow.kv.block import make_blocks
-from transport.layout import message_runs
+from transport.layout import MESSAGE_BYTES, message_runs
 
 from .helpers import IDENTITY, kv
 
@@ -56,8 +56,9 @@ def test_make_block_rejects_wrong_shapes():
 
 
 def test_make_blocks_chains_and_lays_blocks_back_to_back_per_message():
-    # 16-token blocks of 2 KiB each here: 2,048 of them fill one 4 MiB message span
-    full = kv(16 * 2050 + 5)
+    # 16-token blocks of 2 KiB each here: MESSAGE_BYTES / 2 KiB of them fill one message span
+    per_message = MESSAGE_BYTES // 2048
+    full = kv(16 * (per_message + 2) + 5)
     ids = list(range(full.shape[3]))
     blocks = make_blocks(ROOT_KEY, ids, 0, full, IDENTITY.model_key, 16)
     assert [b.key for b in blocks] == chain_keys(ids, IDENTITY.model_key, 16)
@@ -69,7 +70,7 @@ def test_make_blocks_chains_and_lays_blocks_back_to_back_per_message():
     for run in message_runs(sizes):
         ptrs = [blocks[i].tensor.data_ptr() for i in run]
         assert all(ptrs[k + 1] == ptrs[k] + sizes[run[k]] for k in range(len(ptrs) - 1))
-    assert sizes[0] == 2048 and [len(r) for r in message_runs(sizes)] == [2048, 3]
+    assert sizes[0] == 2048 and [len(r) for r in message_runs(sizes)] == [per_message, 3]
 
 
 def test_make_blocks_rejects_bad_block_tokens():

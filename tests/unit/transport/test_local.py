@@ -9,7 +9,7 @@ import torch
 from transport import message
 from transport.base import TransferSpec, TransportConfig
 from transport.errors import ChecksumMismatch, PeerUnreachable, TransferTimeout, WireFormatError
-from transport.layout import message_runs
+from transport.layout import MESSAGE_BYTES, message_runs
 from transport.local import LocalTransport
 from transport.memory import host_arena
 from transport.pool import TensorPool
@@ -133,11 +133,12 @@ def _big_blocks(n: int, nbytes: int, laid_out: bool) -> tuple[list, list[torch.T
 
 
 def test_transfer_of_several_messages_lands_in_message_spans(pair):
-    headers, tensors = _big_blocks(10, 1 << 20, laid_out=False)  # 10 MiB: messages of 4, 4, 2 blocks
+    per_message = MESSAGE_BYTES >> 20
+    headers, tensors = _big_blocks(2 * per_message + 2, 1 << 20, laid_out=False)  # 1 MiB blocks: 2½ messages
     got = _transfer(pair, headers, tensors)
     assert all(torch.equal(x, y) for x, y in zip(got.tensors, tensors, strict=True))
     runs = message_runs([h.nbytes for h in headers])
-    assert [len(r) for r in runs] == [4, 4, 2]
+    assert [len(r) for r in runs] == [per_message, per_message, 2]
     for run in runs:  # each message's blocks are views of one span, back to back
         ptrs = [got.tensors[i].data_ptr() for i in run]
         assert ptrs == [ptrs[0] + k * (1 << 20) for k in range(len(run))]
@@ -157,19 +158,21 @@ def test_scattered_blocks_are_gathered_and_scattered(pair, monkeypatch):
     gathered = []
     real_gather = message._gather
     monkeypatch.setattr(message, "_gather", lambda blocks, total: gathered.append(total) or real_gather(blocks, total))
-    headers, tensors = _big_blocks(6, 1 << 20, laid_out=False)
+    n = (MESSAGE_BYTES >> 20) + 2
+    headers, tensors = _big_blocks(n, 1 << 20, laid_out=False)
     into = [torch.zeros_like(t) for t in tensors]  # separate tensors: lands in staging, then scattered
     got = _transfer(pair, headers, tensors, into=into)
-    assert gathered == [4 << 20, 2 << 20]
+    assert gathered == [MESSAGE_BYTES, 2 << 20]
     assert all(g is i for g, i in zip(got.tensors, into, strict=True))
     assert all(torch.equal(x, y) for x, y in zip(into, tensors, strict=True))
 
 
 def test_corrupt_block_in_a_later_message_is_caught_and_not_scattered(pair):
-    headers, tensors = _big_blocks(6, 1 << 20, laid_out=False)
-    tensors[5] = tensors[5].clone()
-    tensor_bytes(tensors[5])[123] ^= 0x01
+    n = (MESSAGE_BYTES >> 20) + 2
+    headers, tensors = _big_blocks(n, 1 << 20, laid_out=False)
+    tensors[-1] = tensors[-1].clone()
+    tensor_bytes(tensors[-1])[123] ^= 0x01
     into = [torch.zeros_like(t) for t in tensors]
     with pytest.raises(ChecksumMismatch):
         _transfer(pair, headers, tensors, into=into)
-    assert not into[4].any() and not into[5].any()  # the bad message never reached the caller's tensors
+    assert not into[-2].any() and not into[-1].any()  # the bad message never reached the caller's tensors

@@ -37,15 +37,16 @@ def test_copy_of_is_a_contiguous_copy():
 
 
 def test_empty_run_lays_blocks_out_as_the_wire_cuts_messages():
-    shapes = [(3, 1 << 18)] * 7  # 3 MiB float32 blocks: one per message
+    big = MESSAGE_BYTES // 2 + 4096  # float32 blocks over half a message: one per message
+    shapes = [(big // 4,)] * 3
     blocks = HostArena().empty_run(shapes, torch.float32)
     assert [tuple(b.shape) for b in blocks] == shapes
-    sizes = [3 << 20] * 7
-    assert [len(r) for r in message_runs(sizes)] == [1] * 7
-    small = HostArena().empty_run([(1 << 18,)] * 6, torch.float32)  # 1 MiB blocks: 4 + 2 per message
+    assert [len(r) for r in message_runs([big] * 3)] == [1] * 3
+    per_message = MESSAGE_BYTES >> 20
+    small = HostArena().empty_run([(1 << 18,)] * (per_message + 2), torch.float32)  # 1 MiB blocks
     ptrs = [t.data_ptr() for t in small]
-    assert ptrs[1:4] == [ptrs[0] + k * (1 << 20) for k in (1, 2, 3)]
-    assert ptrs[5] == ptrs[4] + (1 << 20)
+    assert ptrs[:per_message] == [ptrs[0] + k * (1 << 20) for k in range(per_message)]
+    assert ptrs[per_message + 1] == ptrs[per_message] + (1 << 20)
 
 
 def test_bad_sizes_are_refused():
