@@ -33,6 +33,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from transport.base import Received, TransferSpec, TransferStats, Transport, check_into
@@ -72,6 +73,7 @@ class MessageTransport(Transport):
     too: one message, whose receive is posted with the data's, so it lands right after the
     first data message instead of queueing behind all of them.
     """
+
     CONTROL_SEQ = (1 << 20) - 1
 
     @abstractmethod
@@ -224,11 +226,21 @@ def _host_block(t: torch.Tensor, nbytes: int) -> torch.Tensor:
     return host
 
 
-def _address_view(ptr: int, nbytes: int) -> memoryview:
-    """A writable byte view of ``nbytes`` at ``ptr``; the caller keeps the owner alive."""
+class _Pinned(np.ndarray):
+    """Bytes owned by tensors elsewhere; holds them alive for as long as a view exists."""
+
+    owner: object
+
+
+def _address_view(ptr: int, nbytes: int, owner: object) -> memoryview:
+    """A writable byte view of ``nbytes`` at ``ptr`` that keeps ``owner`` (the tensors holding
+    those bytes) alive: a backend keeps the views of abandoned messages until it closes, so a
+    late arrival can never land in freed memory."""
     if nbytes == 0:
         return memoryview(bytearray())
-    return memoryview((ctypes.c_uint8 * nbytes).from_address(ptr)).cast("B")
+    arr = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr)).view(_Pinned)
+    arr.owner = owner
+    return arr.data
 
 
 def _back_to_back(run: range, ptrs: Sequence[int] | Mapping[int, int], nbytes: Sequence[int]) -> bool:
@@ -243,10 +255,10 @@ def _outbound(
     gathered into a staging span (appended to ``keep``, which the caller holds until sent)."""
     total = sum(nbytes[i] for i in run)
     if _back_to_back(run, ptrs, nbytes):
-        return _address_view(ptrs[run.start], total)
+        return _address_view(ptrs[run.start], total, [host[i] for i in run])
     staging = _gather([host[i] for i in run], total)
     keep.append(staging)
-    return _address_view(staging.data_ptr(), total)
+    return _address_view(staging.data_ptr(), total, staging)
 
 
 def _gather(blocks: list[torch.Tensor], total: int) -> torch.Tensor:
@@ -265,11 +277,13 @@ def _landing(run: range, nbytes: Sequence[int], into: Sequence[torch.Tensor] | N
                 raise ValueError("receive tensors must be contiguous CPU tensors")
         ptrs = {i: into[i].data_ptr() for i in run}
         if _back_to_back(run, ptrs, nbytes):
-            return _Inbound(run, into[run.start], _address_view(ptrs[run.start], total), None)  # lands in place
+            view = _address_view(ptrs[run.start], total, [into[i] for i in run])
+            return _Inbound(run, into[run.start], view, None)  # lands in place
         staging = host_arena().empty_bytes(total)
-        return _Inbound(run, staging, _address_view(staging.data_ptr(), total), [_bytes_of(into[i]) for i in run])
+        view = _address_view(staging.data_ptr(), total, staging)
+        return _Inbound(run, staging, view, [_bytes_of(into[i]) for i in run])
     span = host_arena().empty_bytes(total)
-    return _Inbound(run, span, _address_view(span.data_ptr(), total), None)
+    return _Inbound(run, span, _address_view(span.data_ptr(), total, span), None)
 
 
 def _blocks(headers: Sequence[BlockHeader], inbound: Sequence[_Inbound], nbytes: Sequence[int]) -> list[torch.Tensor]:

@@ -47,6 +47,7 @@ from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
 from transport.base import TransferSpec
+from transport.memory import host_arena
 from transport.message import MessageTransport
 
 __all__ = ["SYSTEMS", "AgentsPlan", "agents_side"]
@@ -104,9 +105,10 @@ def _rss() -> tuple[int, int]:
 
 
 def _release_freed_memory() -> None:
-    """Hand memory freed by earlier trials back to the OS (glibc keeps it otherwise), so a
-    trial's RSS growth is its own."""
+    """Hand memory freed by earlier trials back to the OS (glibc and the block arena keep it
+    otherwise), so a trial's RSS growth is its own."""
     gc.collect()
+    host_arena().release_idle()
     with contextlib.suppress(OSError, AttributeError):  # NOTE: not glibc: growth may be understated
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 

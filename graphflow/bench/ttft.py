@@ -33,6 +33,7 @@ from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
 from transport.base import TransferSpec
+from transport.memory import host_arena
 from transport.message import MessageTransport
 
 __all__ = ["TtftPlan", "ttft_side"]
@@ -72,6 +73,10 @@ def ttft_side(t: MessageTransport, role: int, peer: str, plan: TtftPlan) -> dict
     limit = int(getattr(engine.config, "max_position_embeddings", 0) or 0)
     fits = [n for n in plan.contexts if not limit or n + len(suffix) <= limit]  # same on both sides
     out["skipped_contexts"] = [n for n in plan.contexts if n not in fits]
+    if role == 1 and fits:
+        # NOTE: B's receive pool is faulted in at startup, as a serving system allocates its KV
+        # block pool; room for two states, the one held from the last repeat and the next
+        out["reserved_bytes"] = host_arena().reserve(2 * max(fits) * bpt)
     for n in fits:
         upstream = prompt_token_ids(engine.tokenizer, n)
         held = n // bt * bt  # whole blocks move; the partial last block is recomputed with the suffix

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -176,3 +178,25 @@ def test_corrupt_block_in_a_later_message_is_caught_and_not_scattered(pair):
     with pytest.raises(ChecksumMismatch):
         _transfer(pair, headers, tensors, into=into)
     assert not into[-2].any() and not into[-1].any()  # the bad message never reached the caller's tensors
+
+
+def test_message_views_keep_their_memory_alive():
+    # a backend keeps the views of abandoned messages until it closes; they must pin the memory
+    owner = [torch.arange(16, dtype=torch.uint8)]
+    alive = weakref.ref(owner[0])
+    view = message._address_view(owner[0].data_ptr(), 16, owner)
+    del owner
+    gc.collect()
+    assert alive() is not None and bytes(view[:3]) == b"\x00\x01\x02"
+    del view
+    gc.collect()
+    assert alive() is None
+
+
+def test_blocks_of_different_shapes_in_one_message_keep_their_shapes(pair):
+    shapes = [(2, 2, 2, 16, 4), (2, 2, 2, 16, 4), (2, 2, 2, 5, 4), (3, 7)]
+    tensors = [torch.randn(s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(shapes)]
+    headers = [replace(_header(t), key=i + 1, token_ids=()) for i, t in enumerate(tensors)]
+    got = _transfer(pair, headers, tensors)
+    assert [tuple(t.shape) for t in got.tensors] == shapes
+    assert all(torch.equal(x, y) for x, y in zip(got.tensors, tensors, strict=True))

@@ -65,3 +65,37 @@ def test_message_runs_are_greedy_and_keep_big_blocks_alone():
     assert message_runs([MESSAGE_BYTES] * 2) == [range(0, 1), range(1, 2)]
     with pytest.raises(ValueError):
         message_runs([1], max_message_bytes=0)
+
+
+def test_own_slabs_are_recycled_once_idle_and_released_on_request():
+    arena = HostArena()
+    first = arena.empty_bytes(6 << 20)  # over half a slab: a slab of its own
+    ptr = first.data_ptr()
+    view = first[10:20]
+    del first
+    assert arena.empty_bytes(6 << 20).data_ptr() != ptr  # a view still holds it
+    del view
+    again = arena.empty_bytes(6 << 20)
+    assert again.data_ptr() == ptr and arena.slabs_reused == 1
+    del again
+    assert arena.release_idle() >= 6 << 20
+    assert arena.kept_bytes == 0
+
+
+def test_keep_bytes_bounds_what_is_kept():
+    arena = HostArena(keep_bytes=0)
+    a = arena.empty_bytes(6 << 20)
+    ptr = a.data_ptr()
+    del a
+    b = arena.empty_bytes(6 << 20)
+    assert arena.slabs_reused == 0 and arena.kept_bytes == 0
+    del b, ptr
+
+
+def test_reserve_faults_in_spans_that_later_requests_reuse():
+    arena = HostArena()
+    assert arena.reserve(3 * MESSAGE_BYTES) == 3 * MESSAGE_BYTES
+    made = arena.slabs_made
+    spans = [arena.empty_bytes(MESSAGE_BYTES) for _ in range(3)]
+    assert arena.slabs_made == made and arena.slabs_reused == 3
+    assert all(not s.any() for s in spans)  # reserved memory was touched (zeroed) up front
