@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.common import read_csv, replace_section, write_csv, write_meta
+from experiments.common import read_csv, replace_section, save_figure, write_csv, write_meta
 from graphflow.checks.launch import run_two_processes
 
 __all__ = ["SYSTEM_LABELS", "Study", "by_system", "ideal_s", "reduce", "run_agents", "same_tokens", "study_main"]
@@ -44,6 +44,30 @@ def by_system(rows: Sequence[Mapping[str, Any]], key: str) -> dict[int, dict[str
     for r in rows:
         out.setdefault(int(r[key]), {})[str(r["system"])] = r
     return out
+
+
+def plot_by_system(rows: Sequence[Mapping[str, Any]], key: str, metric: str, png: Path, *, xlabel: str,
+                   ylabel: str, ideal: bool = False) -> None:  # fmt: skip
+    """One log-log line per system of ``metric`` against ``key`` (plus ours' ideal when asked)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    groups = by_system(rows, key)
+    xs = sorted(groups)
+    for s in SYSTEM_LABELS:
+        if all(s in groups[x] for x in xs):
+            ax.plot(xs, [float(groups[x][s][metric]) for x in xs], "-o", label=SYSTEM_LABELS[s])
+    if ideal:
+        ax.plot(xs, [float(groups[x]["ours"]["ideal_s"]) for x in xs], ":", color="black", label="ideal")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+    save_figure(fig, png)
 
 
 def ideal_s(row: dict[str, Any]) -> float:

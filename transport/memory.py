@@ -172,9 +172,9 @@ class HostArena:
         freed = 0
         with self._lock:
             for size, slabs in self._kept.items():
-                idle = [(s, c) for s, c in slabs if _use_count(s) == c]
-                self._kept[size] = [(s, c) for s, c in slabs if _use_count(s) != c]
-                freed += size * len(idle)
+                busy = [(s, c) for s, c in slabs if _use_count(s) != c]
+                freed += size * (len(slabs) - len(busy))
+                self._kept[size] = busy
             self._kept_bytes -= freed
         return freed
 

@@ -30,7 +30,7 @@ import ctypes
 import struct
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,11 +153,14 @@ class MessageTransport(Transport):
             )
         if into is not None and [t.numel() * t.element_size() for t in into] != list(spec.nbytes):
             raise ValueError("receive tensors do not match the sizes the transfer spec announces")
+        if into is not None and not all(t.is_contiguous() and t.device.type == "cpu" for t in into):
+            raise ValueError("receive tensors must be contiguous CPU tensors")
+        into_ptrs = [t.data_ptr() for t in into] if into is not None else []
         start = time.perf_counter()
         # NOTE: receives are posted before the header arrives (sizes come from the local spec,
         # already checked against the limits), so the header's latency and decoding overlap
         # the data; each run is verified once both it and the header are in.
-        inbound = [_landing(run, spec.nbytes, into) for run in message_runs(spec.nbytes)]
+        inbound = [_landing(run, spec.nbytes, into, into_ptrs) for run in message_runs(spec.nbytes)]
         known: list[BlockHeader] = []
         pending: list[int] = []
 
@@ -243,7 +246,7 @@ def _address_view(ptr: int, nbytes: int, owner: object) -> memoryview:
     return arr.data
 
 
-def _back_to_back(run: range, ptrs: Sequence[int] | Mapping[int, int], nbytes: Sequence[int]) -> bool:
+def _back_to_back(run: range, ptrs: Sequence[int], nbytes: Sequence[int]) -> bool:
     """Whether each block of ``run`` starts where the previous one ends."""
     return all(ptrs[i] == ptrs[i - 1] + nbytes[i - 1] for i in run[1:])
 
@@ -268,16 +271,15 @@ def _gather(blocks: list[torch.Tensor], total: int) -> torch.Tensor:
     return staging
 
 
-def _landing(run: range, nbytes: Sequence[int], into: Sequence[torch.Tensor] | None) -> _Inbound:
-    """Choose where the data message carrying ``run`` lands."""
+def _landing(
+    run: range, nbytes: Sequence[int], into: Sequence[torch.Tensor] | None, into_ptrs: Sequence[int]
+) -> _Inbound:
+    """Choose where the data message carrying ``run`` lands (``into_ptrs``: the addresses of
+    the checked ``into`` tensors)."""
     total = sum(nbytes[i] for i in run)
     if into is not None:
-        for i in run:
-            if not into[i].is_contiguous() or into[i].device.type != "cpu":
-                raise ValueError("receive tensors must be contiguous CPU tensors")
-        ptrs = {i: into[i].data_ptr() for i in run}
-        if _back_to_back(run, ptrs, nbytes):
-            view = _address_view(ptrs[run.start], total, [into[i] for i in run])
+        if _back_to_back(run, into_ptrs, nbytes):
+            view = _address_view(into_ptrs[run.start], total, [into[i] for i in run])
             return _Inbound(run, into[run.start], view, None)  # lands in place
         staging = host_arena().empty_bytes(total)
         view = _address_view(staging.data_ptr(), total, staging)
@@ -290,16 +292,15 @@ def _blocks(headers: Sequence[BlockHeader], inbound: Sequence[_Inbound], nbytes:
     """Each block as a view of the span its message landed in, shaped as its header says."""
     out: list[torch.Tensor] = []
     for msg in inbound:
-        lo = msg.blocks.start
+        lo, offset = msg.blocks.start, 0
         while lo < msg.blocks.stop:  # NOTE: blocks alike (the usual case) are cut in one call
             h = headers[lo]
             hi = lo + 1
             while hi < msg.blocks.stop and headers[hi].shape == h.shape and headers[hi].dtype == h.dtype:
                 hi += 1
-            offset = sum(nbytes[i] for i in range(msg.blocks.start, lo))
             alike = msg.landing[offset : offset + (hi - lo) * h.nbytes]
             out += alike.view(dtype_from_name(h.dtype)).view(hi - lo, *h.shape).unbind(0)
-            lo = hi
+            lo, offset = hi, offset + (hi - lo) * h.nbytes
     return out
 
 

@@ -44,26 +44,15 @@ class TensorPool:
 
     def take(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """A tensor of this shape and dtype, recycled if one is free (contents undefined)."""
-        key = (tuple(shape), dtype, self.device)
         with self._lock:
-            free = self._free.get(key)
-            if free:
-                t = free.pop()
-                self._free_bytes -= t.numel() * t.element_size()
-                return t
-        return self._fresh(shape, dtype)
+            t = self._pop_free(shape, dtype)
+        return t if t is not None else self._fresh(shape, dtype)
 
     def take_for(self, headers: Sequence[BlockHeader]) -> list[torch.Tensor]:
         """One receive tensor per header: recycled ones where free, the rest fresh and laid
         back to back (so a transfer lands in them in place, see :mod:`transport.message`)."""
-        out: list[torch.Tensor | None] = []
         with self._lock:
-            for h in headers:
-                free = self._free.get((tuple(h.shape), dtype_from_name(h.dtype), self.device))
-                t = free.pop() if free else None
-                if t is not None:
-                    self._free_bytes -= t.numel() * t.element_size()
-                out.append(t)
+            out = [self._pop_free(h.shape, dtype_from_name(h.dtype)) for h in headers]
         missing = [i for i, t in enumerate(out) if t is None]
         if missing and self.device == "cpu" and len({headers[i].dtype for i in missing}) == 1:
             fresh = host_arena().empty_run(
@@ -75,6 +64,15 @@ class TensorPool:
             t if t is not None else self._fresh(h.shape, dtype_from_name(h.dtype))
             for t, h in zip(out, headers, strict=True)
         ]
+
+    def _pop_free(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor | None:
+        """A free tensor of this shape and dtype, off its list (the caller holds the lock)."""
+        free = self._free.get((tuple(shape), dtype, self.device))
+        if not free:
+            return None
+        t = free.pop()
+        self._free_bytes -= t.numel() * t.element_size()
+        return t
 
     def give(self, tensors: Sequence[torch.Tensor]) -> None:
         """Return tensors nobody references any more (the caller guarantees that)."""

@@ -16,8 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.agents_job import SYSTEM_LABELS, Study, by_system, same_tokens, study_main
-from experiments.common import save_figure
+from experiments.agents_job import SYSTEM_LABELS, Study, by_system, plot_by_system, same_tokens, study_main
 
 HERE = Path(__file__).parent
 PUBLISHED = ("AAFLOW+ reports multi-agent runs 7.63× faster than its baselines at 16 agents (published, modeled "
@@ -63,24 +62,8 @@ def table(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
 
 
 def plot(rows: list[dict[str, str]], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    groups = by_system(rows, "agents")
-    ks = sorted(groups)
-    for s in SYSTEM_LABELS:
-        if all(s in groups[k] for k in ks):
-            ax.plot(ks, [float(groups[k][s]["makespan_s"]) for k in ks], "-o", label=SYSTEM_LABELS[s])
-    ax.plot(ks, [float(groups[k]["ours"]["ideal_s"]) for k in ks], ":", color="black", label="ideal")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("agents sharing the root context")
-    ax.set_ylabel("time until every agent's tokens (s)")
-    ax.legend(fontsize=7)
-    save_figure(fig, png)
+    plot_by_system(rows, "agents", "makespan_s", png, xlabel="agents sharing the root context",
+                   ylabel="time until every agent's tokens (s)", ideal=True)  # fmt: skip
 
 
 STUDY = Study(folder=HERE, name="multi_agent", counts="agents", counts_default="1,2,4,8,16", root_default=4096,

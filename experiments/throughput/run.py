@@ -15,8 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.agents_job import SYSTEM_LABELS, Study, by_system, study_main
-from experiments.common import save_figure
+from experiments.agents_job import SYSTEM_LABELS, Study, by_system, plot_by_system, study_main
 
 HERE = Path(__file__).parent
 PUBLISHED = "AAFLOW+ reports ~9.5× the throughput of its baselines (published, modeled in their code)"
@@ -52,23 +51,8 @@ def table(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
 
 
 def plot(rows: list[dict[str, str]], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    groups = by_system(rows, "roots")
-    ns = sorted(groups)
-    for s in SYSTEM_LABELS:
-        if all(s in groups[n] for n in ns):
-            ax.plot(ns, [float(groups[n][s]["tokens_per_s"]) for n in ns], "-o", label=SYSTEM_LABELS[s])
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("concurrent workflows")
-    ax.set_ylabel("generated tokens per second")
-    ax.legend(fontsize=7)
-    save_figure(fig, png)
+    plot_by_system(rows, "roots", "tokens_per_s", png, xlabel="concurrent workflows",
+                   ylabel="generated tokens per second")  # fmt: skip
 
 
 STUDY = Study(folder=HERE, name="throughput", counts="workflows", counts_default="1,4,16", root_default=1024,
