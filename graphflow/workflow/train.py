@@ -102,26 +102,54 @@ def _sampler(rng: random.Random, decisions: list[tuple[int, bool]]) -> Callable[
 
 
 def reinforce(
-    planner: Planner, tasks: Sequence[str], reward: Reward, steps: int = 200, lr: float = 1e-3, seed: int = 0
+    planner: Planner,
+    tasks: Sequence[str],
+    reward: Reward,
+    steps: int = 200,
+    lr: float = 1e-3,
+    seed: int = 0,
+    samples: int = 1,
+    explore: float = 0.0,
 ) -> list[float]:
-    """Policy-gradient fine-tuning; returns the reward of each sampled workflow."""
+    """Policy-gradient fine-tuning; returns the reward of each sampled workflow.
+
+    Each step takes one task and samples ``samples`` workflows for it. With one sample the
+    baseline is a moving average of past rewards; with several, each sample's baseline is the
+    mean reward of the step's other samples (leave-one-out), which compares workflows for the
+    same task and so lowers the variance when tasks differ in difficulty.
+
+    ``explore`` = ε keeps every decision random: edges are kept with ε + (1 − 2ε)·p, and that
+    mixed policy is the one whose log-probability is ascended (an imitation-trained generator
+    scores most edges near 0 or 1, so its samples would all be alike and teach nothing).
+    Greedy decoding afterwards keeps ε + (1 − 2ε)·p ≥ ½, i.e. p ≥ ½: the same rule."""
     if not tasks:
         raise ValueError("no tasks to train on")
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
+    if not 0.0 <= explore < 0.5:
+        raise ValueError(f"explore must be in [0, 0.5), got {explore}")
     rng = random.Random(seed)
     opt = torch.optim.Adam(planner.model.parameters(), lr=lr)
     baseline, rewards = 0.0, []
     planner.model.train()
     for step in range(steps):
         task = tasks[rng.randrange(len(tasks))]
-        scores = planner.scores(planner.encoder.encode([task])[0])
-        decisions: list[tuple[int, bool]] = []
-        nodes, edges, _ = decode(planner.cands, scores.detach(), pick=_sampler(rng, decisions))
-        r = reward(planner.g.to_workflow(nodes, edges), task)
-        logp = torch.stack([torch.log(scores[i] if keep else 1 - scores[i] + 1e-8) for i, keep in decisions]).sum()
+        scores = explore + (1 - 2 * explore) * planner.scores(planner.encoder.encode([task])[0])
+        logps, rs = [], []
+        for _ in range(samples):
+            decisions: list[tuple[int, bool]] = []
+            nodes, edges, _ = decode(planner.cands, scores.detach(), pick=_sampler(rng, decisions))
+            rs.append(reward(planner.g.to_workflow(nodes, edges), task))
+            logps.append(torch.stack([torch.log(scores[i] if k else 1 - scores[i] + 1e-8) for i, k in decisions]).sum())
+        if samples == 1:
+            advantages = [rs[0] - baseline]
+            baseline = rs[0] if step == 0 else 0.9 * baseline + 0.1 * rs[0]
+        else:
+            total = sum(rs)
+            advantages = [r - (total - r) / (samples - 1) for r in rs]
         opt.zero_grad()
-        (-(r - baseline) * logp).backward()
+        (-sum(a * lp for a, lp in zip(advantages, logps, strict=True)) / samples).backward()
         opt.step()
-        baseline = r if step == 0 else 0.9 * baseline + 0.1 * r
-        rewards.append(r)
+        rewards += rs
     planner.model.eval()
     return rewards

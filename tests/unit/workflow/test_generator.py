@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -69,15 +70,16 @@ def test_training_lowers_the_loss_and_learns_two_tasks():
         assert structure(planner.generate(text)) == structure(ref)
 
 
-def test_reinforce_improves_a_cheap_reward():
+def _mbpp_structure_reward() -> tuple[Planner, Callable[[Workflow, str], float]]:
+    """A fresh planner and a cheap reward: edge F1 against MBPP's reference structure."""
     corpus = load_corpus()
-    refs = references(corpus)
     planner = Planner(WGraph.build(corpus))
-    target = structure(refs["MBPP"])
+    target = structure(references(corpus)["MBPP"])
+    return planner, lambda wf, _task: edge_f1(structure(wf), target)
 
-    def reward(wf: Workflow, _task: str) -> float:
-        return edge_f1(structure(wf), target)
 
+def test_reinforce_improves_a_cheap_reward():
+    planner, reward = _mbpp_structure_reward()
     rewards = reinforce(planner, ["write code"], reward, steps=300, lr=3e-3)
     assert sum(rewards[-50:]) / 50 > sum(rewards[:50]) / 50 + 0.08
 
@@ -100,3 +102,14 @@ def test_packaged_checkpoint_loads_and_is_small():
     assert is_valid(wf)
     with pytest.raises(ValueError, match="empty"):
         planner.generate("")
+
+
+def test_reinforce_with_several_samples_per_task_improves_and_checks_its_argument():
+    planner, reward = _mbpp_structure_reward()
+    rewards = reinforce(planner, ["write code"], reward, steps=75, lr=3e-3, samples=4, explore=0.05)
+    assert len(rewards) == 300
+    assert sum(rewards[-50:]) / 50 > sum(rewards[:50]) / 50 + 0.08
+    with pytest.raises(ValueError, match="samples"):
+        reinforce(planner, ["write code"], reward, samples=0)
+    with pytest.raises(ValueError, match="explore"):
+        reinforce(planner, ["write code"], reward, explore=0.5)

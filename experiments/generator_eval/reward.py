@@ -1,0 +1,377 @@
+"""Generator evaluation, part 3 — measured reward: ``python -m experiments.generator_eval.reward [--quick] [--json]``.
+
+Does a task-conditioned generator pick better workflows than one fixed workflow, when
+"better" is measured by running the workflows with a real model and checking the answers?
+
+* **Tasks** (constructed here, seeded; not from a benchmark): two families whose answers can be
+  checked mechanically — ``arithmetic`` (3-digit addition and subtraction, 2-digit
+  multiplication, in several phrasings) and ``capital`` (capital city of a country; the train
+  and test splits use disjoint countries). Picked because the served model's success depends
+  on the workflow in opposite directions (measured while designing: a ``PROGRAM`` step whose
+  code is executed answers arithmetic that SmolLM2-135M gets wrong in prose, and it fails on
+  capitals, which the model answers in prose).
+* **Execution**: every workflow is compiled (``compile_workflow``) and run node by node with
+  SmolLM2-135M (real weights) through the engine, in the runtime's prompt layout
+  (``node_context``) with the model's chat turns around the task and each operation's template.
+  Each node decodes greedily up to ``--max-new`` tokens or the end-of-turn token. Nodes whose
+  contract executes code (``PROGRAM``, ``TEST``) run the code they wrote (or their
+  predecessor's) in an isolated subprocess (``graphflow.workflow.code_exec``); its result follows
+  the node's text. Greedy decoding is deterministic, so a node's output is cached by its exact
+  context tokens (what prefix caching would reuse) — every number is still a real model run.
+* **Score** of the final output node's text: ``arithmetic`` — the value after the last
+  ``Result:``, else the last number in the text, equals the answer; ``capital`` — the capital's
+  name occurs as a word.
+* **Methods** on the test tasks: ``gnn`` (the packaged imitation checkpoint fine-tuned by
+  REINFORCE on the training tasks' measured reward, reward = success − 0.02 × nodes; each step
+  samples 8 workflows for one task, baseline = the mean of the other 7; every edge decision
+  stays random with probability ≥ 0.1, ``explore``),
+  ``gnn_imitation`` (the checkpoint before REINFORCE), ``retrieval`` (the reference workflow of
+  the nearest corpus task, as in parts 1–2), ``majority`` (most common reference), and every
+  fixed workflow of a pool (each source operation alone, and each benchmark's reference).
+  ``best_fixed`` is the pool member with the highest success *on the test tasks* (an oracle
+  choice, so the comparison favours the baseline). 95% intervals: paired bootstrap over tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from experiments.common import read_csv, replace_section, write_csv, write_meta
+from graphflow.workflow.code_exec import extract_code, run_solve
+from graphflow.workflow.compile import ROOT, compile_workflow, node_context
+from graphflow.workflow.corpus import Workflow, WorkflowNode, load_corpus, references
+from graphflow.workflow.evaluate import _sample, bootstrap_ci
+from graphflow.workflow.planner import Planner
+from graphflow.workflow.tasks import load_tasks
+from graphflow.workflow.templates import CONTRACTS
+from graphflow.workflow.train import reinforce
+from graphflow.workflow.wgraph import structure
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+
+# (country, capital); even positions train, odd positions test — disjoint countries.
+CAPITALS = (
+    ("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Germany", "Berlin"), ("Spain", "Madrid"),
+    ("Egypt", "Cairo"), ("Russia", "Moscow"), ("China", "Beijing"), ("Greece", "Athens"), ("Portugal", "Lisbon"),
+    ("Austria", "Vienna"), ("Norway", "Oslo"), ("Sweden", "Stockholm"), ("Finland", "Helsinki"),
+    ("Denmark", "Copenhagen"), ("Poland", "Warsaw"), ("Ireland", "Dublin"), ("Hungary", "Budapest"),
+    ("Thailand", "Bangkok"), ("Kenya", "Nairobi"), ("Peru", "Lima"), ("Argentina", "Buenos Aires"),
+    ("Cuba", "Havana"), ("Turkey", "Ankara"), ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Mexico", "Mexico City"),
+    ("Canada", "Ottawa"), ("Australia", "Canberra"), ("India", "New Delhi"), ("Belgium", "Brussels"),
+    ("Netherlands", "Amsterdam"), ("Czech Republic", "Prague"), ("Chile", "Santiago"), ("Colombia", "Bogota"),
+    ("Venezuela", "Caracas"), ("Philippines", "Manila"), ("Indonesia", "Jakarta"), ("Vietnam", "Hanoi"),
+    ("South Korea", "Seoul"), ("Ukraine", "Kyiv"), ("Romania", "Bucharest"), ("Bulgaria", "Sofia"),
+    ("Serbia", "Belgrade"), ("Morocco", "Rabat"), ("Ethiopia", "Addis Ababa"), ("Nigeria", "Abuja"),
+    ("Ghana", "Accra"), ("Pakistan", "Islamabad"), ("Afghanistan", "Kabul"),
+)  # fmt: skip
+_ARITH_PHRASES = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "Calculate {a} {op} {b}.")
+_CAPITAL_PHRASES = ("What is the capital of {c}?", "Name the capital city of {c}.", "Which city is the capital of {c}?")
+CHAT_USER, CHAT_END, CHAT_ASSISTANT = "<|im_start|>user\n", "<|im_end|>\n", "<|im_start|>assistant\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    family: str
+    text: str
+    answer: str
+
+
+def make_tasks(split: str, per_family: int, seed: int) -> list[Task]:
+    """``per_family`` arithmetic and capital tasks of ``split`` ("train" or "test")."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    rng = random.Random(f"{split}:{seed}")
+    countries = CAPITALS[0::2] if split == "train" else CAPITALS[1::2]
+    if per_family > len(countries) * len(_CAPITAL_PHRASES):
+        raise ValueError(f"at most {len(countries) * len(_CAPITAL_PHRASES)} capital tasks per split")
+    tasks = []
+    for i in range(per_family):
+        op = ("+", "-", "*")[i % 3]
+        a, b = (
+            (rng.randint(12, 99), rng.randint(12, 99)) if op == "*" else (rng.randint(100, 999), rng.randint(100, 999))
+        )
+        value = a + b if op == "+" else a - b if op == "-" else a * b
+        tasks.append(Task("arithmetic", rng.choice(_ARITH_PHRASES).format(a=a, op=op, b=b), str(value)))
+    pairs = [(c, p) for c in countries for p in _CAPITAL_PHRASES]
+    for country, phrase in rng.sample(pairs, per_family):
+        tasks.append(Task("capital", phrase.format(c=country[0]), country[1]))
+    return tasks
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def _as_number(text: str) -> float | None:
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def score(task: Task, text: str) -> float:
+    """1.0 when the final text answers the task (rules in the module doc), else 0.0."""
+    if task.family == "arithmetic":
+        at = text.rfind("Result:")
+        got = _as_number(text[at + len("Result:") :].split("\n", 1)[0] if at >= 0 else text)
+        return float(got is not None and got == float(task.answer))
+    if task.family == "capital":
+        return float(re.search(rf"\b{re.escape(task.answer)}\b", text, re.I) is not None)
+    raise ValueError(f"unknown task family {task.family!r}")
+
+
+class WorkflowRunner:
+    """Runs a workflow for a task with the real model; final output text of the workflow."""
+
+    def __init__(self, engine: Any, max_new: int = 32, code_timeout_s: float = 5.0, cache: Path | None = None) -> None:
+        self.engine = engine
+        self.tok = engine.tokenizer
+        self.max_new = max_new
+        self.code_timeout_s = code_timeout_s
+        self.stop = self.tok.encode(CHAT_END.strip())[0]
+        self._memo: dict[tuple[Any, ...], tuple[list[int], str]] = {}
+        self.cache = cache
+        if cache is not None and cache.is_file():
+            saved = json.loads(cache.read_text())
+            if saved.get("model_key") == engine.identity.model_key and saved.get("max_new") == max_new:
+                self._memo = {tuple(k): (ids, text) for k, ids, text in saved["nodes"]}
+        self.node_runs = 0
+        self.node_seconds = 0.0
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text))
+
+    def run(self, wf: Workflow, task: str) -> str:
+        gs = compile_workflow(wf)
+        task_ids = self._encode(CHAT_USER + task)
+        contexts: dict[str, list[int]] = {ROOT: task_ids}
+        outputs: dict[str, list[int]] = {}
+        texts: dict[str, str] = {}
+        for node in gs.nodes:
+            framed = dataclasses.replace(node, template=node.template + CHAT_END + CHAT_ASSISTANT)
+            ctx = node_context(framed, contexts, outputs, task_ids, self._encode)
+            contexts[node.id] = ctx
+            code_from = [texts[p] for p in reversed(node.preds)] if CONTRACTS[node.role].executes_code else None
+            outputs[node.id], texts[node.id] = self._node(ctx, code_from)
+        return texts[gs.outputs[-1]]
+
+    def _node(self, ctx: list[int], code_from: list[str] | None) -> tuple[list[int], str]:
+        key = (*ctx, -1 if code_from is None else -2, *(code_from or ()))
+        if key not in self._memo:
+            start = time.perf_counter()
+            pre = self.engine.prefill(ctx)
+            first = int(torch.argmax(pre.logits))
+            ids = [first]
+            if first != self.stop and self.max_new > 1:
+                ids += self.engine.decode_greedy(pre.cache, first, self.max_new - 1, stop_token=self.stop).token_ids
+            ids = [t for t in ids if t != self.stop]
+            text = self.tok.decode(ids)
+            if code_from is not None:
+                code = extract_code(text) or next((c for c in map(extract_code, code_from) if c), None)
+                text += run_solve(code, self.code_timeout_s).as_text()
+                ids = self._encode(text)
+            self._memo[key] = ([*ids, *self._encode(CHAT_END + CHAT_USER)], text)
+            self.node_runs += 1
+            self.node_seconds += time.perf_counter() - start
+        return self._memo[key]
+
+    def save(self) -> None:
+        """Keep the node outputs (exact context → greedy output) for a later run of this study."""
+        if self.cache is not None:
+            self.cache.parent.mkdir(parents=True, exist_ok=True)
+            nodes = [[list(k), ids, text] for k, (ids, text) in self._memo.items()]
+            blob = {"model_key": self.engine.identity.model_key, "max_new": self.max_new, "nodes": nodes}
+            self.cache.write_text(json.dumps(blob))
+
+
+def signature(wf: Workflow) -> str:
+    """A workflow's structure as text (roles and depths; stable across names)."""
+    edges = sorted(f"{a[1]}@{a[2]}>{b[1]}@{b[2]}" for a, b in structure(wf))
+    return ";".join(edges) if edges else "+".join(sorted(n.role for n in wf.nodes))
+
+
+def single_op(operator: str, role: str) -> Workflow:
+    return Workflow(f"only-{role}", "fixed", (WorkflowNode("n0", operator, role),), (), ("n0",))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    train_per_family: int = 20
+    test_per_family: int = 20
+    steps: int = 300
+    samples: int = 8
+    explore: float = 0.1
+    lr: float = 1e-2
+    node_cost: float = 0.02
+    max_new: int = 32
+    seed: int = 0
+
+
+def baselines(planner: Planner) -> tuple[Callable[[str], Workflow], Workflow, list[Workflow]]:
+    """Corpus retrieval, the majority reference, and the fixed-workflow pool."""
+    wfs = load_corpus()
+    refs = references(wfs)
+    train = [(t.text, refs[t.benchmark]) for t in _sample([t for t in load_tasks() if t.benchmark in refs], 80, 0)]
+    enc = planner.encoder
+    train_x = enc.encode([t for t, _ in train])
+
+    def retrieval(task: str) -> Workflow:
+        return train[int(torch.argmax(train_x @ enc.encode([task])[0]))][1]
+
+    counts: dict[str, int] = {}
+    for _, w in train:
+        counts[w.name] = counts.get(w.name, 0) + 1
+    majority = refs[next(b for b, w in refs.items() if w.name == max(counts, key=lambda n: counts[n]))]
+    pool = [single_op(*planner.g.ops[s][:2]) for s in planner.g.sources()] + [refs[b] for b in sorted(refs)]
+    return retrieval, majority, pool
+
+
+def evaluate(
+    settings: Settings, say: Callable[[str], None], cache: Path | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from graphflow.models.engine import Engine
+
+    engine = Engine.load("smollm2-135m")
+    runner = WorkflowRunner(engine, max_new=settings.max_new, cache=cache)
+    train = make_tasks("train", settings.train_per_family, settings.seed)
+    test = make_tasks("test", settings.test_per_family, settings.seed)
+    by_text = {t.text: t for t in train}
+    planner = Planner.load()
+    imitation = Planner.load()
+    retrieval, majority, pool = baselines(planner)
+
+    def reward(wf: Workflow, text: str) -> float:
+        return score(by_text[text], runner.run(wf, text)) - settings.node_cost * len(wf.nodes)
+
+    start = time.perf_counter()
+    say(f"REINFORCE: {settings.steps} steps of {settings.samples} samples over {len(train)} training tasks")
+    torch.manual_seed(settings.seed)
+    rewards = reinforce(
+        planner,
+        [t.text for t in train],
+        reward,
+        settings.steps,
+        settings.lr,
+        settings.seed,
+        settings.samples,
+        settings.explore,
+    )
+    train_s = time.perf_counter() - start
+    runner.save()
+    say(f"trained in {train_s:.0f} s ({runner.node_runs} node runs); mean reward first/last 50: "
+        f"{np.mean(rewards[:50]):.3f} / {np.mean(rewards[-50:]):.3f}")  # fmt: skip
+
+    methods: dict[str, Callable[[str], Workflow]] = {
+        "gnn": planner.generate,
+        "gnn_imitation": imitation.generate,
+        "retrieval": retrieval,
+        "majority": lambda _t: majority,
+    }
+    for wf in pool:
+        methods[f"fixed:{wf.name}"] = lambda _t, wf=wf: wf
+    rows = []
+    for name, method in methods.items():
+        for i, t in enumerate(test):
+            wf = method(t.text)
+            text = runner.run(wf, t.text)
+            rows.append({"method": name, "task": i, "family": t.family, "workflow": signature(wf),
+                         "nodes": len(wf.nodes), "success": score(t, text), "output": text[-120:]})  # fmt: skip
+        say(f"{name}: success {np.mean([r['success'] for r in rows if r['method'] == name]):.3f}")
+        runner.save()
+    return summarize(rows, settings, rewards, train_s, runner), rows
+
+
+def _success(rows: Sequence[dict[str, Any]], method: str) -> np.ndarray:
+    return np.array([float(r["success"]) for r in sorted((r for r in rows if r["method"] == method),
+                                                            key=lambda r: int(r["task"]))])  # fmt: skip
+
+
+def summarize(rows: Sequence[dict[str, Any]], settings: Settings, rewards: Sequence[float], train_s: float,
+              runner: WorkflowRunner) -> dict[str, Any]:  # fmt: skip
+    fixed = sorted({r["method"] for r in rows if r["method"].startswith("fixed:")})
+    best = max(fixed, key=lambda m: _success(rows, m).mean())
+    gnn = _success(rows, "gnn")
+    lo, hi = bootstrap_ci(list(gnn - _success(rows, best)))
+    return {
+        "gnn_success": float(gnn.mean()),
+        "best_fixed_success": float(_success(rows, best).mean()),
+        "best_fixed": best.removeprefix("fixed:"),
+        "retrieval_success": float(_success(rows, "retrieval").mean()),
+        "majority_success": float(_success(rows, "majority").mean()),
+        "gnn_imitation_success": float(_success(rows, "gnn_imitation").mean()),
+        "diff_ci_low": lo,
+        "diff_ci_high": hi,
+        "tasks": len(gnn),
+        "settings": dataclasses.asdict(settings),
+        "reinforce_reward_first50": float(np.mean(rewards[:50])),
+        "reinforce_reward_last50": float(np.mean(rewards[-50:])),
+        "train_seconds": train_s,
+        "node_runs": runner.node_runs,
+        "node_seconds": runner.node_seconds,
+    }
+
+
+def table_from_csv(path: Path) -> str:
+    rows = read_csv(path)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    families = sorted({r["family"] for r in rows})
+    best = max((m for m in methods if m.startswith("fixed:")), key=lambda m: _success(rows, m).mean())
+    ref = _success(rows, best)
+    out = [f"\n{len(ref)} test tasks ({', '.join(families)}); paired difference against the best fixed "
+           f"workflow on these tasks (`{best.removeprefix('fixed:')}`).\n",
+           "| method | success | 95% CI | " + " | ".join(families) + " | − best fixed (95% CI) | workflows used |",
+           "|---|---|---|" + "---|" * len(families) + "---|---|"]  # fmt: skip
+    for m in methods:
+        s = _success(rows, m)
+        lo, hi = bootstrap_ci(list(s))
+        dlo, dhi = bootstrap_ci(list(s - ref))
+        per = [np.mean([float(r["success"]) for r in rows if r["method"] == m and r["family"] == f]) for f in families]
+        used = len({r["workflow"] for r in rows if r["method"] == m})
+        out.append(f"| {m} | {s.mean():.3f} | [{lo:.3f}, {hi:.3f}] | " + " | ".join(f"{p:.2f}" for p in per)
+                   + f" | {s.mean() - ref.mean():+.3f} [{dlo:+.3f}, {dhi:+.3f}] | {used} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="4 tasks per family, 10 steps of 2 samples (a check)")
+    p.add_argument("--steps", type=int, default=None, help="REINFORCE steps (default 300)")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="do not reuse node outputs of earlier runs (results/node_cache.json; same model and --max-new)",
+    )
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    s = Settings(train_per_family=4, test_per_family=4, steps=10, samples=2) if args.quick else Settings()
+    if args.steps is not None:
+        s = dataclasses.replace(s, steps=args.steps)
+    cache = None if args.no_cache else RESULTS / "node_cache.json"
+    summary, rows = evaluate(s, lambda msg: print(msg, flush=True), cache)
+    out = RESULTS / ("reward_quick" if args.quick else "reward")
+    write_csv(Path(f"{out}_rows.csv"), rows)
+    Path(f"{out}_summary.json").write_text(json.dumps(summary, indent=2))
+    if not args.quick:
+        write_meta(RESULTS / "reward_meta", settings=dataclasses.asdict(s))
+        replace_section(HERE / "README.md", "reward", table_from_csv(Path(f"{out}_rows.csv")))
+    if args.json:
+        print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
