@@ -148,7 +148,8 @@ def reinforce(
             total = sum(rs)
             advantages = [r - (total - r) / (samples - 1) for r in rs]
         opt.zero_grad()
-        (-sum(a * lp for a, lp in zip(advantages, logps, strict=True)) / samples).backward()
+        loss = -torch.stack([a * lp for a, lp in zip(advantages, logps, strict=True)]).sum() / samples
+        loss.backward()
         opt.step()
         rewards += rs
     planner.model.eval()
