@@ -21,6 +21,7 @@ import torch
 
 from graphflow.workflow.corpus import Workflow, references
 from graphflow.workflow.decode import decode, is_valid
+from graphflow.workflow.features import Encoder
 from graphflow.workflow.generator import GeneratorConfig
 from graphflow.workflow.planner import Planner
 from graphflow.workflow.tasks import TaskExample
@@ -89,6 +90,23 @@ def _sample(tasks: list[TaskExample], k: int, seed: int) -> list[TaskExample]:
     return out
 
 
+def retrieval_and_majority(
+    train: Sequence[tuple[str, Workflow]], enc: Encoder
+) -> tuple[Callable[[str], Workflow], Workflow]:
+    """The retrieval baseline (workflow of the nearest training task) and the most common
+    training workflow."""
+    train_x = enc.encode([t for t, _ in train])
+
+    def retrieval(task: str) -> Workflow:
+        return train[int(torch.argmax(train_x @ enc.encode([task])[0]))][1]
+
+    counts: dict[str, int] = {}
+    for _, w in train:
+        counts[w.name] = counts.get(w.name, 0) + 1
+    majority = next(w for _, w in train if w.name == max(counts, key=lambda n: counts[n]))
+    return retrieval, majority
+
+
 def _fold_methods(
     g: WGraph, train: list[tuple[str, Workflow]], s: EvalSettings
 ) -> dict[str, Callable[[str], Workflow]]:
@@ -98,17 +116,7 @@ def _fold_methods(
         planner = Planner(g, config=cfg, seed=s.seed)
         imitation(planner, train, TrainConfig(epochs=s.epochs, seed=s.seed))
         methods[name] = planner.generate
-    enc = Planner(g).encoder
-    train_x = enc.encode([t for t, _ in train])
-
-    def retrieval(task: str) -> Workflow:
-        sims = train_x @ enc.encode([task])[0]
-        return train[int(torch.argmax(sims))][1]
-
-    counts: dict[str, int] = {}
-    for _, w in train:
-        counts[w.name] = counts.get(w.name, 0) + 1
-    majority_wf = next(w for _, w in train if w.name == max(counts, key=lambda n: counts[n]))
+    retrieval, majority_wf = retrieval_and_majority(train, Planner(g).encoder)
     planner = Planner(g)
     rng = random.Random(s.seed)
 
