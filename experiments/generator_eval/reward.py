@@ -24,7 +24,8 @@ Does a task-conditioned generator pick better workflows than one fixed workflow,
 * **Methods** on the test tasks: ``gnn`` (the packaged imitation checkpoint fine-tuned by
   REINFORCE on the training tasks' measured reward, reward = success − 0.02 × nodes; each step
   samples 8 workflows for one task, baseline = the mean of the other 7; every edge decision
-  stays random with probability ≥ 0.1, ``explore``),
+  stays random with probability ≥ 0.1, ``explore``; the checkpoint's edge logits are first
+  divided by 4, ``temperature``, which keeps its greedy choices but un-saturates its scores),
   ``gnn_imitation`` (the checkpoint before REINFORCE), ``retrieval`` (the reference workflow of
   the nearest corpus task, as in parts 1–2), ``majority`` (most common reference), and every
   fixed workflow of a pool (each source operation alone, and each benchmark's reference).
@@ -216,6 +217,7 @@ class Settings:
     steps: int = 300
     samples: int = 8
     explore: float = 0.1
+    temperature: float = 4.0
     lr: float = 1e-2
     node_cost: float = 0.02
     max_new: int = 32
@@ -261,6 +263,7 @@ def evaluate(
         settings.seed,
         settings.samples,
         settings.explore,
+        settings.temperature,
     )
     train_s = time.perf_counter() - start
     runner.save()
@@ -343,6 +346,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="4 tasks per family, 10 steps of 2 samples (a check)")
     p.add_argument("--steps", type=int, default=None, help="REINFORCE steps (default 300)")
     p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="divide the checkpoint's edge logits by this before REINFORCE (default 4; 1 = unchanged)",
+    )
+    p.add_argument(
         "--no-cache",
         action="store_true",
         help="do not reuse node outputs of earlier runs (results/node_cache.json; same model and --max-new)",
@@ -352,6 +361,8 @@ def main() -> None:
     s = Settings(train_per_family=4, test_per_family=4, steps=10, samples=2) if args.quick else Settings()
     if args.steps is not None:
         s = dataclasses.replace(s, steps=args.steps)
+    if args.temperature is not None:
+        s = dataclasses.replace(s, temperature=args.temperature)
     cache = None if args.no_cache else RESULTS / "node_cache.json"
     summary, rows = evaluate(s, lambda msg: print(msg, flush=True), cache)
     out = RESULTS / ("reward_quick" if args.quick else "reward")

@@ -97,17 +97,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--tasks", type=int, default=10)
-    p.add_argument("--quick", action="store_true", help="2 tasks (≤ 60 s)")
+    p.add_argument("--quick", action="store_true", help="2 tasks (≤ 60 s); writes out/quick/, not results/")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     n = 2 if args.quick else args.tasks
     rows = measure(args.model, n)
-    csv_path = HERE / "results" / "rows.csv"
+    # a --quick check never overwrites the committed full-run results
+    results = HERE / "out" / "quick" if args.quick else HERE / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    csv_path = results / "rows.csv"
     write_csv(csv_path, rows)
-    write_meta(HERE, model=args.model, tasks=n, eps=list(EPS), ops=list(OPS))
     summary = summarize(csv_path)
-    plot(summary, HERE / "results" / "sparsity.png")
-    replace_section(HERE / "README.md", "table", table(summary, csv_path))
+    plot(summary, results / "sparsity.png")
+    if not args.quick:
+        write_meta(HERE, model=args.model, tasks=n, eps=list(EPS), ops=list(OPS))
+        replace_section(HERE / "README.md", "table", table(summary, csv_path))
     if args.json:
         print(json.dumps({"model": args.model, "rows": summary}))
 

@@ -124,12 +124,14 @@ def frame0_residual(exact: torch.Tensor, base: torch.Tensor, offset: int, rope: 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class EncodedResidual:
-    """Δ₀ as stored: ``sink`` (dense, first tokens) and the rest dense or per-row sparse."""
+    """Δ₀ as stored: nothing for the first ``head`` tokens (recomputed, not rebuilt), ``sink``
+    (dense) for the next ones, and the rest dense or per-row sparse."""
 
     shape: tuple[int, ...]
     sink: torch.Tensor  # float16 [L, 2, H, s, D]
-    values: torch.Tensor  # float16 [L, 2, H, T - s, m]  (m = D when dense)
-    indices: torch.Tensor | None  # uint8/int16 [L, 2, H, T - s, m], None when dense
+    values: torch.Tensor  # float16 [L, 2, H, T - head - s, m]  (m = D when dense)
+    indices: torch.Tensor | None  # uint8/int16 [L, 2, H, T - head - s, m], None when dense
+    head: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -142,39 +144,48 @@ class EncodedResidual:
         if self.indices is not None:
             full = torch.zeros((*self.values.shape[:-1], self.shape[-1]), dtype=torch.float32)
             rest = full.scatter_(-1, self.indices.long(), rest)
-        return torch.cat((self.sink.float(), rest), dim=3)
+        head = torch.zeros((*self.shape[:3], self.head, self.shape[-1]), dtype=torch.float32)
+        return torch.cat((head, self.sink.float(), rest), dim=3)
 
 
 @dataclass(frozen=True, slots=True)
 class ResidualCodec:
-    """How a residual is stored: ``keep_per_row=None`` keeps it dense (float16)."""
+    """How a residual is stored: ``keep_per_row=None`` keeps it dense (float16);
+    ``sink_tokens`` first tokens stay dense when the rest is sparse; ``recompute_head`` first
+    tokens are not stored at all — whoever rebuilds the template recomputes them after the
+    prefix (:func:`graphflow.kv.blend.recompute_tokens`)."""
 
     keep_per_row: int | None = None
     sink_tokens: int = 0
+    recompute_head: int = 0
 
     def __post_init__(self) -> None:
         if self.keep_per_row is not None and self.keep_per_row < 1:
             raise ValueError(f"keep_per_row must be at least 1 (or None for dense), got {self.keep_per_row}")
         if self.sink_tokens < 0:
             raise ValueError(f"sink_tokens must be non-negative, got {self.sink_tokens}")
+        if self.recompute_head < 0:
+            raise ValueError(f"recompute_head must be non-negative, got {self.recompute_head}")
 
     @property
     def label(self) -> str:
         rows = "dense" if self.keep_per_row is None else f"top{self.keep_per_row}/row"
-        return f"{rows}+sink{self.sink_tokens}" if self.sink_tokens else rows
+        rows = f"{rows}+sink{self.sink_tokens}" if self.sink_tokens else rows
+        return f"{rows}, first {self.recompute_head} recomputed" if self.recompute_head else rows
 
     def encode(self, delta: torch.Tensor) -> EncodedResidual:
         if delta.dim() != 5:
             raise ValueError(f"a residual is [layers, 2, heads, tokens, head_dim], got shape {tuple(delta.shape)}")
-        s = min(self.sink_tokens, delta.shape[3])
-        sink, rest = delta[:, :, :, :s].half(), delta[:, :, :, s:]
+        h = min(self.recompute_head, delta.shape[3])
+        s = min(self.sink_tokens, delta.shape[3] - h)
+        sink, rest = delta[:, :, :, h : h + s].half(), delta[:, :, :, h + s :]
         head_dim = delta.shape[-1]
         if self.keep_per_row is None or self.keep_per_row >= head_dim:
-            return EncodedResidual(tuple(delta.shape), sink, rest.half(), None)
+            return EncodedResidual(tuple(delta.shape), sink, rest.half(), None, h)
         idx = torch.topk(rest.abs(), self.keep_per_row, dim=-1).indices
         vals = torch.gather(rest, -1, idx).half()
         idx_dtype = torch.uint8 if head_dim <= 256 else torch.int16
-        return EncodedResidual(tuple(delta.shape), sink, vals, idx.to(idx_dtype))
+        return EncodedResidual(tuple(delta.shape), sink, vals, idx.to(idx_dtype), h)
 
 
 def apply_residual(base: torch.Tensor, delta: EncodedResidual | None, offset: int, rope: RopeInfo) -> torch.Tensor:

@@ -68,6 +68,21 @@ class WorkflowGenerator(nn.Module):
             if isinstance(layer, nn.Linear):
                 layer.reset_parameters()
 
+    @torch.no_grad()
+    def soften(self, temperature: float) -> None:
+        """Divide every edge logit by ``temperature`` (scale the MLP's last layer).
+
+        A logit keeps its sign, so every score stays on its side of ½ and greedy decoding
+        is unchanged; only the confidence drops. An imitation-trained generator scores most
+        edges with logits near ±16, where the sigmoid's gradient is ~1e-7 and a policy
+        gradient cannot move them; softening first makes them trainable again."""
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        last = self.mlp[-1]
+        assert isinstance(last, nn.Linear)
+        last.weight.div_(temperature)
+        last.bias.div_(temperature)
+
     def forward(
         self, op_x: torch.Tensor, task_x: torch.Tensor, edge_index: torch.Tensor, candidates: torch.Tensor
     ) -> torch.Tensor:

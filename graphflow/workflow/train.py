@@ -110,6 +110,7 @@ def reinforce(
     seed: int = 0,
     samples: int = 1,
     explore: float = 0.0,
+    temperature: float = 1.0,
 ) -> list[float]:
     """Policy-gradient fine-tuning; returns the reward of each sampled workflow.
 
@@ -121,7 +122,11 @@ def reinforce(
     ``explore`` = ε keeps every decision random: edges are kept with ε + (1 − 2ε)·p, and that
     mixed policy is the one whose log-probability is ascended (an imitation-trained generator
     scores most edges near 0 or 1, so its samples would all be alike and teach nothing).
-    Greedy decoding afterwards keeps ε + (1 − 2ε)·p ≥ ½, i.e. p ≥ ½: the same rule."""
+    Greedy decoding afterwards keeps ε + (1 − 2ε)·p ≥ ½, i.e. p ≥ ½: the same rule.
+
+    ``temperature`` > 1 first divides the generator's edge logits by it
+    (:meth:`WorkflowGenerator.soften`): greedy decisions stay the same, but saturated scores,
+    whose gradient vanishes, become trainable."""
     if not tasks:
         raise ValueError("no tasks to train on")
     if samples < 1:
@@ -129,6 +134,8 @@ def reinforce(
     if not 0.0 <= explore < 0.5:
         raise ValueError(f"explore must be in [0, 0.5), got {explore}")
     rng = random.Random(seed)
+    if temperature != 1.0:
+        planner.model.soften(temperature)
     opt = torch.optim.Adam(planner.model.parameters(), lr=lr)
     baseline, rewards = 0.0, []
     planner.model.train()

@@ -43,6 +43,22 @@ def test_codec_byte_accounting_and_sink_rows():
         ResidualCodec(keep_per_row=0)
 
 
+def test_codec_stores_nothing_for_recomputed_head_tokens():
+    delta = torch.randn(2, 2, 3, 10, 16)
+    codec = ResidualCodec(recompute_head=4)
+    enc = codec.encode(delta)
+    assert enc.nbytes == 2 * 2 * 3 * 6 * 16 * 2  # fp16, the 6 tokens after the head
+    d = enc.dense()
+    assert d.shape == delta.shape and not d[:, :, :, :4].any()
+    assert torch.allclose(d[:, :, :, 4:], delta[:, :, :, 4:], atol=1e-2)
+    sparse = ResidualCodec(keep_per_row=4, sink_tokens=2, recompute_head=3).encode(delta)
+    assert sparse.nbytes == 2 * 2 * 3 * (2 * 16 * 2 + 5 * 4 * 3)
+    assert codec.label == "dense, first 4 recomputed"
+    assert ResidualCodec(recompute_head=50).encode(delta).nbytes == 0
+    with pytest.raises(ValueError, match="recompute_head"):
+        ResidualCodec(recompute_head=-1)
+
+
 def test_pruning_keeps_exactly_the_hot_paths():
     a, b, c = PathKey((), "solve"), PathKey(("solve",), "review"), PathKey(("solve", "review"), "final")
     stats = PathStats()

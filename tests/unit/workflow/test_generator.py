@@ -113,3 +113,21 @@ def test_reinforce_with_several_samples_per_task_improves_and_checks_its_argumen
         reinforce(planner, ["write code"], reward, samples=0)
     with pytest.raises(ValueError, match="explore"):
         reinforce(planner, ["write code"], reward, explore=0.5)
+
+
+def test_soften_keeps_greedy_decisions_and_revives_saturated_gradients():
+    planner = Planner.load()
+    task_x = planner.encoder.encode(["What is 12 + 30?"])[0]
+    before = planner.scores(task_x).detach()
+    wf = planner.generate("What is 12 + 30?")
+    planner.model.soften(4.0)
+    after = planner.scores(task_x)
+    assert torch.equal(before >= 0.5, after.detach() >= 0.5)
+    assert planner.generate("What is 12 + 30?") == wf
+    lowest = int(before.argmin())
+    after[lowest].backward()
+    grad = sum(p.grad.abs().sum() for p in planner.model.parameters() if p.grad is not None)
+    assert float(grad) > 0.0
+    assert after.detach()[lowest] > before[lowest] * 100
+    with pytest.raises(ValueError, match="temperature"):
+        planner.model.soften(0.0)

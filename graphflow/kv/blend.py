@@ -1,0 +1,105 @@
+"""Selective recompute: correct a rebuilt template KV by recomputing a few of its tokens.
+
+A template KV rebuilt from base + residual (:mod:`graphflow.kv.differential`) is right on
+average over the executions of a path but misses what *this* task's text adds to each token's
+keys and values. Recomputing the whole template after the prefix removes the error and costs
+a full template prefill. :func:`recompute_tokens` recomputes only the chosen template
+positions, in one forward pass: each chosen token attends to the exact prefix, the rebuilt KV
+of the unchosen template tokens before it, and the recomputed KV of the chosen tokens before
+it (the idea of CacheBlend's selective recompute); the chosen positions' KV is replaced, the
+rest is kept. With every position chosen the result equals a normal prefill of the template.
+
+Which positions to choose: :func:`varying_positions` ranks template positions by how much
+their exact KV varied across the executions a path's residual was learned from — the tokens a
+shared residual fits worst.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from graphflow.kv.diffstore import DifferentialKV, KVMode
+from graphflow.kv.packing import cache_from_tensor, stack_cache
+from graphflow.kv.paths import PathKey
+from graphflow.models.engine import Engine
+
+__all__ = ["rebuild_template", "recompute_tokens", "varying_positions"]
+
+
+def _mask(prefix: int, n_template: int, chosen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[1, 1, k, prefix + n_template + k]`` additive mask for the chosen tokens' queries."""
+    k = chosen.numel()
+    t = torch.arange(n_template)
+    old = (t[None, :] < chosen[:, None]) & ~torch.isin(t, chosen)[None, :]  # unchosen tokens before
+    new = torch.arange(k)[None, :] <= torch.arange(k)[:, None]  # chosen tokens up to itself
+    allowed = torch.cat((torch.ones(k, prefix, dtype=torch.bool), old, new), dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+@torch.inference_mode()
+def recompute_tokens(
+    engine: Engine,
+    prefix_kv: torch.Tensor,
+    template_kv: torch.Tensor,
+    template: Sequence[int],
+    positions: Sequence[int],
+) -> torch.Tensor:
+    """``template_kv`` (``[layers, 2, kv_heads, len(template), head_dim]``) with the KV of
+    ``positions`` (template-relative) recomputed after ``prefix_kv``; other positions unchanged."""
+    n = len(template)
+    if template_kv.shape[3] != n:
+        raise ValueError(f"template KV holds {template_kv.shape[3]} tokens but the template has {n}")
+    chosen = torch.tensor(sorted(set(positions)), dtype=torch.long)
+    if chosen.numel() == 0:
+        return template_kv
+    if int(chosen[0]) < 0 or int(chosen[-1]) >= n:
+        raise ValueError(f"recompute positions must lie in [0, {n}), got {positions!r}")
+    dtype = prefix_kv.dtype
+    p = prefix_kv.shape[3]
+    cache = cache_from_tensor(torch.cat((prefix_kv, template_kv.to(dtype)), dim=3), engine.config)
+    ids = torch.tensor([[template[int(i)] for i in chosen]], dtype=torch.long)
+    engine.model(
+        input_ids=ids,
+        cache=cache,
+        use_cache=True,
+        position_ids=(chosen + p)[None],
+        attention_mask=_mask(p, n, chosen, dtype),
+    )
+    fresh = stack_cache(cache, p + n)
+    out = template_kv.clone()
+    out[:, :, :, chosen] = fresh.to(out.dtype)
+    return out
+
+
+def rebuild_template(
+    engine: Engine,
+    store: DifferentialKV,
+    key: PathKey,
+    prefix_kv: torch.Tensor,
+    template: Sequence[int],
+    mode: KVMode = KVMode.DIFFERENTIAL,
+) -> torch.Tensor | None:
+    """The template KV of ``key`` after ``prefix_kv`` as ``mode`` serves it: base + residual,
+    with the codec's ``recompute_head`` first tokens recomputed; ``None`` when the store has no
+    state for it (recompute the template)."""
+    kv = store.template_kv(key, prefix_kv.shape[3], mode)
+    if kv is None:
+        return None
+    head = store.codec.recompute_head if mode is KVMode.DIFFERENTIAL else 0
+    return recompute_tokens(engine, prefix_kv, kv, template, range(min(head, len(template))))
+
+
+def varying_positions(executions: Sequence[torch.Tensor], count: int) -> list[int]:
+    """The ``count`` template positions whose KV varied most across ``executions`` (each
+    ``[layers, 2, kv_heads, tokens, head_dim]`` in one position frame), most varying first."""
+    if len(executions) < 2:
+        raise ValueError("need at least two executions to measure how a template's KV varies")
+    x = torch.stack([e.float() for e in executions])
+    spread = (x - x.mean(0)).pow(2).sum(dim=(0, 1, 2, 3, 5))  # per token
+    norm = x.pow(2).sum(dim=(0, 1, 2, 3, 5)).clamp_min(1e-12)
+    k = min(count, spread.numel())
+    return [int(i) for i in torch.topk(spread / norm, k).indices]
