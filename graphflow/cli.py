@@ -342,7 +342,8 @@ def calibrate_cmd(
     repeats: int = typer.Option(3, help="Timed repetitions per point (median)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
-    """Measure prefill, cache rebuild and transport links; write the scheduler's profile."""
+    """Measure prefill, cache rebuild, template rebuild (base + residual) and transport links; write the
+    scheduler's profile."""
     from dataclasses import asdict
 
     from graphflow.bench.calibration import calibrate
@@ -352,7 +353,8 @@ def calibrate_cmd(
     prof = calibrate(model, [b for b in backends.split(",") if b], out_path, repeats, say=_say(json_out))
     result = {"profile": str(out_path), "model": prof.model, "prefill": asdict(prof.prefill),
               "resume": asdict(prof.resume), "links": {k: {"gbps": v.gbps, "latency_s": v.latency_s}
-                                                       for k, v in prof.links.items()}}  # fmt: skip
+                                                       for k, v in prof.links.items()},
+              "reconstruct": asdict(prof.reconstruct) if prof.reconstruct else None}  # fmt: skip
     if json_out:
         _emit(result)
     else:

@@ -79,6 +79,7 @@ class Profile:
     prefill: PrefillModel
     resume: LinearCost
     links: dict[str, LinkSpec] = field(default_factory=dict)
+    reconstruct: LinearCost | None = None  # base + residual → KV, by residual bytes (None: not measured)
 
     def link(self, backend: str) -> LinkSpec:
         try:
@@ -99,6 +100,7 @@ def save_profile(path: str | Path, p: Profile) -> None:
         "prefill": asdict(p.prefill),
         "resume": asdict(p.resume),
         "links": {k: asdict(v) for k, v in p.links.items()},
+        "reconstruct": asdict(p.reconstruct) if p.reconstruct is not None else None,
     }
     Path(path).write_text(json.dumps(data, indent=2))
 
@@ -122,4 +124,5 @@ def load_profile(path: str | Path, model: str | None = None, config_hash: str | 
         prefill=PrefillModel(**d["prefill"]),
         resume=LinearCost(**d["resume"]),
         links={k: LinkSpec(**v) for k, v in d["links"].items()},
+        reconstruct=LinearCost(**d["reconstruct"]) if d.get("reconstruct") else None,
     )

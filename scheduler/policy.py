@@ -7,7 +7,7 @@ For a node needing ``total`` context tokens on replica ``r``:
 |---|---|---|
 | REUSE (p tokens cached on r) | T_suffix(p, total) | (total − p)·bpt |
 | TRANSFER (q tokens on s) | T_transfer(q·bpt) + T_resume(q·bpt) + T_suffix(q, total) | total·bpt |
-| RECONSTRUCT (base + Δ, k tokens) | T_reconstruct(bytes) + T_suffix(k, total) | total·bpt |
+| RECONSTRUCT (Δ: k tokens, h redone) | T_reconstruct(bytes) + T_suffix(k − h, k) + T_suffix(k, total) | total·bpt |
 | RECOMPUTE | T_prefill(total) | total·bpt |
 
 score = seconds + λ · new bytes (λ in seconds per byte; 0 by default). Every option that
@@ -53,8 +53,16 @@ class RemoteCopy:
 
 @dataclass(frozen=True, slots=True)
 class ResidualCopy:
+    """A base + residual that rebuilds ``tokens`` of the context from ``nbytes`` of residual;
+    ``recompute`` of them (the template's head, which the codec does not store) are recomputed."""
+
     tokens: int
     nbytes: int
+    recompute: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.recompute <= self.tokens:
+            raise ValueError(f"recompute must lie in [0, tokens={self.tokens}], got {self.recompute}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +140,11 @@ def _options(req: StateRequest, pol: Policy) -> dict[Option, tuple[float, int, s
         opts[Option.TRANSFER] = best_remote
     if req.residual is not None and pol.reconstruct is not None and req.residual.tokens > 0:
         k = min(req.residual.tokens, total)
+        h = min(req.residual.recompute, k)
+        # the h recomputed tokens attend over the k rebuilt ones: costed like a k − h → k suffix
+        head = t_prefill_suffix(pol.prefill, k - h, k) if h else 0.0
         opts[Option.RECONSTRUCT] = (
-            pol.reconstruct(req.residual.nbytes) + t_prefill_suffix(pol.prefill, k, total),
+            pol.reconstruct(req.residual.nbytes) + head + t_prefill_suffix(pol.prefill, k, total),
             total * bpt,
             req.replica,
         )

@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 
 from graphflow.bench.timing import median_seconds
+from graphflow.kv.differential import ResidualCodec, apply_residual, base_kv, frame0_residual, template_kv
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
@@ -16,10 +17,27 @@ from transport.base import TransportConfig
 from transport.local import LocalTransport
 from transport.probe import probe_pair
 
-__all__ = ["PREFILL_LENGTHS", "PROBE_TOKENS", "calibrate"]
+__all__ = ["PREFILL_LENGTHS", "PROBE_TOKENS", "TEMPLATE_LENGTHS", "calibrate", "reconstruct_samples"]
 
 PREFILL_LENGTHS = (96, 384, 1536, 3000)
 PROBE_TOKENS = (48, 400, 1600, 5000)
+TEMPLATE_LENGTHS = (16, 64, 256)
+
+
+def reconstruct_samples(
+    engine: Engine, lengths: Sequence[int] = TEMPLATE_LENGTHS, repeats: int = 3
+) -> list[tuple[int, float]]:
+    """``(residual bytes, seconds)`` to rebuild a template's KV from its base and a dense
+    residual (``apply_residual``: add, re-rotate to the offset), per template length. The
+    residual is a real one: the template run after a prefix as long as itself."""
+    rope, codec, samples = engine.identity.rope, ResidualCodec(), []
+    for n in lengths:
+        text = prompt_token_ids(engine.tokenizer, 2 * n)
+        prefix, ids = text[:n], text[n:]
+        base = base_kv(engine, ids)
+        enc = codec.encode(frame0_residual(template_kv(engine, ids, prefix), base, n, rope))
+        samples.append((enc.nbytes, median_seconds(partial(apply_residual, base, enc, n, rope), repeats)))
+    return samples
 
 
 def _local_link(sizes: Sequence[int], block_bytes: int, repeats: int) -> list[tuple[int, float]]:
@@ -64,6 +82,10 @@ def calibrate(
         else:
             raise ValueError(f"cannot probe backend {backend!r} here; use ucx, mpi or local")
         links[backend] = fit_link(samples, backend)
-    profile = Profile(model, engine.identity.config_hash, bpt, fit_prefill(prefill, model), fit_linear(resume), links)
+    say("timing template rebuilds (base + residual)")
+    rebuild = fit_linear(reconstruct_samples(engine, repeats=repeats))
+    profile = Profile(
+        model, engine.identity.config_hash, bpt, fit_prefill(prefill, model), fit_linear(resume), links, rebuild
+    )
     save_profile(out, profile)
     return profile

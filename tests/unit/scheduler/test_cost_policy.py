@@ -64,6 +64,12 @@ def test_policy_picks_each_option_where_it_is_right():
     # KV only over a very slow link, a base+residual here: reconstruct
     d = decide(_req(remote=(RemoteCopy("r1", 4096, SLOW),), residual=ResidualCopy(4000, 10_000_000)), pol)
     assert d.option is Option.RECONSTRUCT
+    # recomputing the template's head costs like a suffix of that many tokens
+    plain = decide(_req(residual=ResidualCopy(4000, 10_000_000)), pol).predicted_s[Option.RECONSTRUCT]
+    headed = decide(_req(residual=ResidualCopy(4000, 10_000_000, recompute=12)), pol).predicted_s[Option.RECONSTRUCT]
+    assert headed - plain == pytest.approx(t_prefill_suffix(PM, 3988, 4000))
+    with pytest.raises(ValueError, match="recompute"):
+        ResidualCopy(10, 100, recompute=11)
     # nothing anywhere: recompute; and an incompatible state only allows recompute
     assert decide(_req(), pol).option is Option.RECOMPUTE
     d = decide(_req(local_tokens=4096, compatible=False, reason="config hash differs"), pol)
@@ -106,9 +112,12 @@ def test_fits_recover_known_parameters(tmp_path):
     link = fit_link([(n, t_transfer(n, FAST)) for n in (1 << 20, 1 << 24, 1 << 26)], "ucx")
     assert link.bandwidth_bytes_per_s == pytest.approx(4e9, rel=1e-6)
     assert link.latency_s == pytest.approx(50e-6, rel=1e-4)
-    prof = Profile("m", "abc", 12288, fit, LinearCost(1e-3, 1e-10), {"ucx": link})
+    prof = Profile("m", "abc", 12288, fit, LinearCost(1e-3, 1e-10), {"ucx": link}, LinearCost(2e-4, 3e-11))
     save_profile(tmp_path / "p.json", prof)
     assert load_profile(tmp_path / "p.json", "m", "abc") == prof
+    unmeasured = Profile("m", "abc", 12288, fit, LinearCost(1e-3, 1e-10))
+    save_profile(tmp_path / "u.json", unmeasured)
+    assert load_profile(tmp_path / "u.json").reconstruct is None
     with pytest.raises(ValueError, match="calibrated for 'm', not 'other'"):
         load_profile(tmp_path / "p.json", "other")
     with pytest.raises(ValueError, match="no profile"):

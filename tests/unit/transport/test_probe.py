@@ -22,6 +22,7 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     assert back == prof
     assert back.link("local").bandwidth_bytes_per_s > 0
     assert back.prefill(4096) > back.prefill(96) > 0
+    assert back.reconstruct is not None and back.reconstruct(1 << 20) > 0
     assert json.loads((tmp_path / "p.json").read_text())["kv_bytes_per_token"] == 512
     with pytest.raises(ValueError, match="cannot probe"):
         calibrate("tiny-llama", ["carrier-pigeon"], tmp_path / "q.json", repeats=1)
