@@ -72,6 +72,11 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         replicas: int = typer.Option(2, help="Replica actors to start."),
         address: str = typer.Option("", help="Ray cluster to deploy on ('' = start a local head)."),
         capacity_mib: int = typer.Option(1024, help="KV block store budget per replica (MiB)."),
+        kv_mode: str = typer.Option(
+            "exact",
+            help="Template KV: exact (never approximate), differential (base + residual for hot paths) "
+            "or stateless (base only).",
+        ),
         detach: bool = typer.Option(False, "--detach", help="Leave the deployment running and return."),
         snapshot_dir: str = typer.Option(
             "", help="Where the KV manager snapshots its catalog ('' = $GRAPHFLOW_CACHE/manager-snapshot)."
@@ -84,8 +89,10 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         from graphflow.models.registry import resolve
         from graphflow.runtime.actors import RayCluster
         from graphflow.runtime.cluster import connect, start_head
+        from graphflow.runtime.templates import kv_mode as kv_mode_of
 
         resolve(model)
+        kv_mode_of(kv_mode)
         if address:
             ray = connect(address)
             head = address
@@ -94,7 +101,9 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             ray = connect("auto")
         say(f"starting {replicas} replicas of {model}")
         snapshots = snapshot_dir or str(cache_root() / "manager-snapshot")
-        cluster = RayCluster.start(ray, model, replicas, capacity_mib << 20, detached=True, snapshot_dir=snapshots)
+        cluster = RayCluster.start(
+            ray, model, replicas, capacity_mib << 20, detached=True, snapshot_dir=snapshots, kv_mode=kv_mode
+        )
         say("measuring prefill and replica-to-replica transfer costs for the scheduler")
         calibration = calibrate_cluster(cluster)
         cluster.share(CALIBRATION_KEY, calibration)
@@ -103,6 +112,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             "client_address": head.replace(":6379", ":10001") if "ray://" not in head else head,
             "replicas": cluster.replicas,
             "model": model,
+            "kv_mode": kv_mode,
             "snapshot_dir": snapshots,
             "link_bandwidth_bytes_per_s": calibration.link.bandwidth_bytes_per_s,
             "link_latency_s": calibration.link.latency_s,

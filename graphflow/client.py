@@ -101,8 +101,10 @@ CALIBRATION_KEY = "calibration"
 
 
 def connect(address: str | None = None, model: str = "tiny-llama", replicas: int = 2, decode_steps: int = 16,
-            recalibrate: bool = False) -> Client:  # fmt: skip
-    """Attach to a deployment at ``address``, or start an embedded one when it is ``None``.
+            recalibrate: bool = False, kv_mode: str = "exact") -> Client:  # fmt: skip
+    """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
+    (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless; an
+    attached deployment keeps the mode it was served with).
 
     An attached client uses the calibration ``graphflow serve`` measured and shared, unless
     there is none, it was measured for another model, or ``recalibrate`` asks for a new one.
@@ -113,7 +115,7 @@ def connect(address: str | None = None, model: str = "tiny-llama", replicas: int
 
     if address is None:
         ray = start_local()
-        cluster = RayCluster.start(ray, model, replicas)
+        cluster = RayCluster.start(ray, model, replicas, kv_mode=kv_mode)
         calibration = calibrate_cluster(cluster)
     else:
         ray = ray_connect(address)

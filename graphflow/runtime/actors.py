@@ -17,6 +17,7 @@ from typing import Any
 
 from graphflow.kv.manager import KVStateManager, ReplicaInfo
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
+from graphflow.runtime.templates import kv_mode as kv_mode_of
 
 __all__ = ["BOARD_NAME", "MANAGER_NAME", "Board", "CallWorker", "RayCluster", "call_worker", "replica_name"]
 
@@ -68,13 +69,15 @@ class RayCluster:
 
     @classmethod
     def start(cls, ray: Any, model: str, n: int, capacity_bytes: int = 1 << 30, detached: bool = False,
-              snapshot_dir: str = "", timeout_s: float = 120.0) -> RayCluster:  # fmt: skip
+              snapshot_dir: str = "", timeout_s: float = 120.0, kv_mode: str = "exact") -> RayCluster:  # fmt: skip
         """Create the manager and ``n`` replica actors (reusing any that already exist).
 
         With ``snapshot_dir`` the manager snapshots its catalog there (Parquet), and a manager
-        that dies is restarted from it plus what the replicas report holding."""
+        that dies is restarted from it plus what the replicas report holding. ``kv_mode``:
+        ``exact``, ``differential`` or ``stateless`` template KV (``graphflow.runtime.templates``)."""
         if n <= 0:
             raise ValueError(f"need at least one replica, got {n}")
+        kv_mode_of(kv_mode)  # a clear error here rather than from inside every actor
         life = {"lifetime": "detached"} if detached else {}
         manager = ray.remote(KVStateManager).options(name=MANAGER_NAME, namespace=NAMESPACE, get_if_exists=True,
                                                      num_cpus=0, **life).remote()  # fmt: skip
@@ -83,7 +86,7 @@ class RayCluster:
         names = [replica_name(i) for i in range(n)]
         handles = {}
         for name in names:
-            cfg = ReplicaConfig(name, model, capacity_bytes, transport="ray", timeout_s=timeout_s)
+            cfg = ReplicaConfig(name, model, capacity_bytes, transport="ray", timeout_s=timeout_s, kv_mode=kv_mode)
             actor = ray.remote(ReplicaWorker).options(
                 name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, max_concurrency=4, **life
             )

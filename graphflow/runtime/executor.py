@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from graphflow.kv.errors import MissingBlocks
 from graphflow.runtime.errors import root_cause
 from graphflow.runtime.replica import NodeResult, NodeRun
-from graphflow.workflow.compile import ROOT, ExecGraph, node_context
+from graphflow.workflow.compile import ROOT, ExecGraph, node_context, node_path
 from scheduler.cost import LinkSpec
 from scheduler.policy import Decision, Option, Policy, RemoteCopy, StateRequest, place
 from transport.base import transfer_ids
@@ -59,6 +59,7 @@ class NodeTrace:
     context_tokens: int
     output: str
     note: str = ""  # why a fallback happened (a failed transfer, a lost replica), else ""
+    rebuilt_tokens: int = 0  # template tokens the replica rebuilt from base + residual (not prefilled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +135,8 @@ class WorkflowExecutor:
                     continue  # NOTE: wait for the transfer in flight; the prefix will then be local
                 attempts[nid] = attempts.get(nid, 0) + 1
                 try:
-                    handles = self._launch(run_id, nid, ctx, d, reuse, node.preds)
+                    template = (node.role, node_path(gs, nid), len(self._encode(node.template)))
+                    handles = self._launch(run_id, nid, ctx, d, reuse, node.preds, template)
                 except Exception as exc:
                     if not c.is_replica_failure(exc):
                         raise
@@ -169,7 +171,8 @@ class WorkflowExecutor:
             saved = res.reused_tokens + res.transferred_tokens
             traces.append(NodeTrace(nid, res.replica, d.option.value, d.source, d.chosen_predicted_s, res.total_s,
                                     res.ttft_s, res.bytes_moved, res.prefill_tokens, saved, len(tokens[nid]),
-                                    res.text, d.reason if d.reason.startswith(FALLBACK) else ""))  # fmt: skip
+                                    res.text, d.reason if d.reason.startswith(FALLBACK) else "",
+                                    res.rebuilt_tokens))  # fmt: skip
             if on_node is not None:
                 on_node(traces[-1])
         final = gs.outputs[-1]
@@ -254,19 +257,20 @@ class WorkflowExecutor:
         return Decision(Option.RECOMPUTE, replica, "", {Option.RECOMPUTE: self.policy.prefill(len(ctx))},
                         {Option.RECOMPUTE: 0.0}, {Option.RECOMPUTE: len(ctx) * self.bpt}, why)  # fmt: skip
 
-    def _launch(
-        self, run_id: str, nid: str, ctx: list[int], d: Decision, reuse: bool, preds: tuple[str, ...]
-    ) -> list[Any]:
+    def _launch(self, run_id: str, nid: str, ctx: list[int], d: Decision, reuse: bool, preds: tuple[str, ...],
+                template: tuple[str, tuple[str, ...], int]) -> list[Any]:  # fmt: skip
         c = self.cluster
+        op, path, n_template = template
         run = NodeRun(f"{run_id}:{nid}", tuple(ctx), self.decode_steps, reuse=reuse,
-                      parents=tuple(f"{run_id}:{p}" for p in preds) if reuse else ())  # fmt: skip
+                      parents=tuple(f"{run_id}:{p}" for p in preds) if reuse else (),
+                      op=op, path=path, template_tokens=n_template)  # fmt: skip
         if d.option is not Option.TRANSFER:
             return [c.call(d.replica, "run_node", run)]
         tid = next(self._ids)
         src_addr = c.get(c.call(d.source, "address"))
         dst_addr = c.get(c.call(d.replica, "address"))
         n = max(m for o, m in self._holdings(ctx).items() if o == d.source)
-        run = NodeRun(run.state_id, run.tokens, run.decode_steps, True, src_addr, n, tid, run.parents)
+        run = replace(run, reuse=True, transfer_from=src_addr, transfer_tokens=n, transfer_id=tid)
         send = c.call(d.source, "send_prefix", ctx, n, dst_addr, tid)
         return [c.call(d.replica, "run_node", run), send]
 

@@ -21,12 +21,14 @@ class LocalCluster:
     """Same interface as the Ray deployment; replicas talk over the local transport."""
 
     def __init__(self, model: str, replicas: int = 2, capacity_bytes: int = 1 << 28, timeout_s: float = 120.0,
-                 snapshot_dir: str = "") -> None:  # fmt: skip
+                 snapshot_dir: str = "", kv_mode: str = "exact") -> None:  # fmt: skip
         if replicas <= 0:
             raise ValueError(f"need at least one replica, got {replicas}")
         self.replicas = [f"replica-{i}" for i in range(replicas)]
         self.workers = {
-            r: ReplicaWorker(ReplicaConfig(r, model, capacity_bytes, transport="local", timeout_s=timeout_s))
+            r: ReplicaWorker(
+                ReplicaConfig(r, model, capacity_bytes, transport="local", timeout_s=timeout_s, kv_mode=kv_mode)
+            )
             for r in self.replicas
         }
         self._manager = KVStateManager()

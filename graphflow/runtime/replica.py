@@ -6,6 +6,8 @@
 tokens ─► longest local prefix (hash-chain keys in the store)            REUSE
        ─► (optional) receive missing leading blocks from a peer replica   TRANSFER
        ─► rebuild the cache from those blocks, prefill the rest           RECOMPUTE part
+          (differential/stateless modes: the node's template KV from base + residual,
+           runtime.templates, only its last token prefilled                RECONSTRUCT)
        ─► greedy decode ─► pack the whole state, store it (shared blocks are not copied)
        ─► report admits for the manager and a per-node trace
 ```
@@ -24,15 +26,27 @@ import torch
 
 from graphflow.kv.block import chain_keys
 from graphflow.kv.codec import from_wire, to_wire
+from graphflow.kv.differential import ResidualCodec
+from graphflow.kv.diffstore import KVMode
 from graphflow.kv.errors import ChecksumMismatch, MissingBlocks
 from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo, StateRecord, batch_from_blocks
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
+from graphflow.kv.paths import PathKey
 from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
+from graphflow.runtime.templates import TemplateKV, kv_mode
 from transport.base import TransferSpec, Transport, TransportConfig
 
 __all__ = ["NodeResult", "NodeRun", "ReplicaConfig", "ReplicaWorker"]
+
+
+def _templates(engine: Engine, config: ReplicaConfig) -> TemplateKV | None:
+    mode = kv_mode(config.kv_mode)
+    if mode is KVMode.EXACT:
+        return None
+    codec = ResidualCodec(recompute_head=config.recompute_head)
+    return TemplateKV(engine, mode, codec, config.residual_refs, config.hot_min_count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +58,10 @@ class ReplicaConfig:
     device: str = "cpu"
     transport: str = "ray"
     timeout_s: float = 120.0
+    kv_mode: str = "exact"  # exact | differential | stateless (runtime.templates)
+    recompute_head: int = 12  # differential: template tokens recomputed, not rebuilt
+    residual_refs: int = 4  # differential: exact executions averaged into a path's residual
+    hot_min_count: int = 2  # differential: executions that make a path hot (others are pruned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +76,9 @@ class NodeRun:
     transfer_tokens: int = 0  # leading tokens whose blocks the peer sends
     transfer_id: int = 0
     parents: tuple[str, ...] = ()
+    op: str = ""  # the node's operation (role); with template_tokens, enables template rebuilds
+    path: tuple[str, ...] = ()  # roles whose outputs precede the template (its path key)
+    template_tokens: int = 0  # the context's last tokens that are the operation's template
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +95,7 @@ class NodeResult:
     total_s: float
     admit: AdmitEvent | None = field(default=None, compare=False)  # None: not kept (reuse off, no room)
     evicted: tuple[EvictEvent, ...] = field(default=(), compare=False)  # states dropped to make room
+    rebuilt_tokens: int = 0  # template tokens served from base + residual instead of prefilled
 
 
 class ReplicaWorker:
@@ -93,6 +115,7 @@ class ReplicaWorker:
         self._age: OrderedDict[str, None] = OrderedDict()  # kept states, oldest first
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
+        self.templates = _templates(self.engine, config)
 
     # ---- identity ------------------------------------------------------------------------
     def address(self) -> str:
@@ -112,6 +135,9 @@ class ReplicaWorker:
         """Execute one node; see the module docstring. Raises ``ValueError`` on a bad request."""
         if not run.tokens:
             raise ValueError("a node needs at least one context token")
+        if not 0 <= run.template_tokens <= len(run.tokens):
+            raise ValueError(f"template_tokens must lie in [0, {len(run.tokens)}] (the context's length), "
+                             f"got {run.template_tokens}")  # fmt: skip
         self._check_length(len(run.tokens) + run.decode_steps)
         start = time.perf_counter()
         ids = list(run.tokens)
@@ -127,12 +153,14 @@ class ReplicaWorker:
         # NOTE: _local_prefix verified every block's checksum just now
         cache = (blocks_to_cache(prefix_blocks, self.engine.identity, self.engine.config, verify_bytes=False)
                  if prefix_blocks else None)  # fmt: skip
-        pre = self.engine.prefill(ids[reused:], cache)
+        pre, rebuilt = self._prefill(run, ids, reused, cache)
         first = int(torch.argmax(pre.logits))
         ttft = time.perf_counter() - start
         out = self.engine.decode_greedy(pre.cache, first, run.decode_steps - 1) if run.decode_steps > 1 else None
         output = [first, *(out.token_ids if out else ())]
-        admit, more = self._keep(run, ids + output[:-1], pre.cache) if run.reuse else (None, [])
+        # a rebuilt template is approximate: never offer it to later nodes as an exact prefix
+        keep = run.reuse and not rebuilt
+        admit, more = self._keep(run, ids + output[:-1], pre.cache) if keep else (None, [])
         evicted += more
         return NodeResult(
             state_id=run.state_id,
@@ -141,13 +169,31 @@ class ReplicaWorker:
             text=self.decode_text(output),
             reused_tokens=max(0, reused - transferred),
             transferred_tokens=transferred,
-            prefill_tokens=len(ids) - reused,
+            prefill_tokens=len(ids) - reused - rebuilt,
             bytes_moved=moved,
             ttft_s=ttft,
             total_s=time.perf_counter() - start,
             admit=admit,
             evicted=tuple(evicted),
+            rebuilt_tokens=rebuilt,
         )
+
+    def _prefill(self, run: NodeRun, ids: list[int], reused: int, cache: Any) -> tuple[Any, int]:
+        """Prefill ``ids[reused:]`` on ``cache``; in a differential or stateless mode, the node's
+        template is rebuilt from base (+ residual) where it can be. Returns (prefill, rebuilt tokens)."""
+        n = run.template_tokens
+        start = len(ids) - n
+        if self.templates is None or not run.op or n < 2 or start <= 0 or reused > start:
+            return self.engine.prefill(ids[reused:], cache), 0
+        key, template = PathKey(run.path, run.op), ids[start:]
+        self.templates.prepare(key, template)
+        prefix = self.engine.prefill(ids[reused:start], cache).cache if start > reused else cache
+        rebuilt = self.templates.rebuild(prefix, start, key, template)
+        if rebuilt is not None:
+            return self.engine.prefill(ids[-1:], rebuilt), n - 1
+        pre = self.engine.prefill(template, prefix)
+        self.templates.learn(key, pre.cache, start, n)
+        return pre, 0
 
     def materialize(self, state_id: str, tokens: Sequence[int]) -> list[AdmitEvent | EvictEvent]:
         """Prefill ``tokens`` once and store them as ``state_id`` (the task context root).
@@ -355,4 +401,5 @@ class ReplicaWorker:
         s = self.store.stats()
         return {"replica": self.config.name, "model": self.config.model, "used_bytes": s.used_bytes,
                 "capacity_bytes": s.capacity_bytes, "blocks": s.num_blocks, "states": s.num_states,
-                "peak_bytes": s.peak_used_bytes}  # fmt: skip
+                "peak_bytes": s.peak_used_bytes,
+                **(self.templates.stats_dict() if self.templates else {"kv_mode": "exact"})}  # fmt: skip
