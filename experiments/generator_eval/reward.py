@@ -214,11 +214,11 @@ def single_op(operator: str, role: str) -> Workflow:
 class Settings:
     train_per_family: int = 20
     test_per_family: int = 20
-    steps: int = 300
+    steps: int = 400
     samples: int = 8
     explore: float = 0.1
     temperature: float = 4.0
-    lr: float = 1e-2
+    lr: float = 1e-3
     node_cost: float = 0.02
     max_new: int = 32
     seed: int = 0
@@ -344,7 +344,7 @@ def table_from_csv(path: Path) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="4 tasks per family, 10 steps of 2 samples (a check)")
-    p.add_argument("--steps", type=int, default=None, help="REINFORCE steps (default 300)")
+    p.add_argument("--steps", type=int, default=None, help="REINFORCE steps (default 400)")
     p.add_argument(
         "--temperature",
         type=float,

@@ -46,16 +46,18 @@ def decode(
     scores: torch.Tensor,
     threshold: float = 0.5,
     pick: Callable[[int, float], bool] | None = None,
+    fallback: Callable[[list[float]], int] | None = None,
 ) -> tuple[list[int], list[tuple[int, int]], list[int]]:
     """Returns ``(nodes, edges, chosen candidate indices)``.
 
-    ``pick(i, p)`` overrides the threshold test (REINFORCE samples with it)."""
+    ``pick(i, p)`` overrides the threshold test and ``fallback(start scores)`` the choice of the
+    best start when no start passes it (REINFORCE samples with both)."""
     take = pick or (lambda _i, p: p >= threshold)
     s = scores.tolist()
     n_start = len(cands.starts)
     chosen = [i for i in range(n_start) if take(i, s[i])]
     if not chosen:
-        chosen = [max(range(n_start), key=lambda i: s[i])]
+        chosen = [fallback(s[:n_start]) if fallback else max(range(n_start), key=lambda i: s[i])]
     nodes = [cands.pairs[i][1] for i in chosen]
     in_set = set(nodes)
     edges: list[tuple[int, int]] = []

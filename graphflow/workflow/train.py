@@ -101,6 +101,18 @@ def _sampler(rng: random.Random, decisions: list[tuple[int, bool]]) -> Callable[
     return pick
 
 
+def _fallback(rng: random.Random, chosen: list[int], weights: list[float]) -> Callable[[list[float]], int]:
+    """When no start was sampled, draw one by ``weights`` and record it, so the policy gradient
+    learns *which* start the fallback takes instead of only learning to decline them all."""
+
+    def draw(_start_scores: list[float]) -> int:
+        k = rng.choices(range(len(weights)), weights=weights)[0]
+        chosen.append(k)
+        return k
+
+    return draw
+
+
 def reinforce(
     planner: Planner,
     tasks: Sequence[str],
@@ -141,13 +153,21 @@ def reinforce(
     planner.model.train()
     for step in range(steps):
         task = tasks[rng.randrange(len(tasks))]
-        scores = explore + (1 - 2 * explore) * planner.scores(planner.encoder.encode([task])[0])
+        raw = planner.scores(planner.encoder.encode([task])[0])
+        scores = explore + (1 - 2 * explore) * raw
         logps, rs = [], []
+        n_start = len(planner.cands.starts)
+        # the start drawn when none was sampled: ∝ the raw start scores, mixed with uniform by ε
+        start_q = explore / n_start + (1 - explore) * raw[:n_start] / raw[:n_start].sum().clamp_min(1e-12)
         for _ in range(samples):
             decisions: list[tuple[int, bool]] = []
-            nodes, edges, _ = decode(planner.cands, scores.detach(), pick=_sampler(rng, decisions))
+            drawn: list[int] = []
+            nodes, edges, _ = decode(planner.cands, scores.detach(), pick=_sampler(rng, decisions),
+                                     fallback=_fallback(rng, drawn, start_q.detach().tolist()))  # fmt: skip
             rs.append(reward(planner.g.to_workflow(nodes, edges), task))
-            logps.append(torch.stack([torch.log(scores[i] if k else 1 - scores[i] + 1e-8) for i, k in decisions]).sum())
+            terms = [torch.log(scores[i] if k else 1 - scores[i] + 1e-8) for i, k in decisions]
+            terms += [torch.log(start_q[k]) for k in drawn]
+            logps.append(torch.stack(terms).sum())
         if samples == 1:
             advantages = [rs[0] - baseline]
             baseline = rs[0] if step == 0 else 0.9 * baseline + 0.1 * rs[0]
