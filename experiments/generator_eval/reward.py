@@ -25,7 +25,8 @@ Does a task-conditioned generator pick better workflows than one fixed workflow,
   REINFORCE on the training tasks' measured reward, reward = success − 0.02 × nodes; each step
   samples 8 workflows for one task, baseline = the mean of the other 7; every edge decision
   stays random with probability ≥ 0.1, ``explore``; the checkpoint's edge logits are first
-  divided by 4, ``temperature``, which keeps its greedy choices but un-saturates its scores),
+  divided by 4, ``temperature``, which keeps its greedy choices but un-saturates its scores, and
+  a zero-initialised skip adds the task's own features to ``h_task``, ``task_skip``),
   ``gnn_imitation`` (the checkpoint before REINFORCE), ``retrieval`` (the reference workflow of
   the nearest corpus task, as in parts 1–2), ``majority`` (most common reference), and every
   fixed workflow of a pool (each source operation alone, and each benchmark's reference).
@@ -218,6 +219,7 @@ class Settings:
     samples: int = 8
     explore: float = 0.1
     temperature: float = 4.0
+    task_skip: bool = True
     lr: float = 1e-3
     node_cost: float = 0.02
     max_new: int = 32
@@ -264,6 +266,7 @@ def evaluate(
         settings.samples,
         settings.explore,
         settings.temperature,
+        settings.task_skip,
     )
     train_s = time.perf_counter() - start
     runner.save()

@@ -22,7 +22,7 @@ Shapes:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -38,6 +38,7 @@ class GeneratorConfig:
     layers: int = 2
     task_node: bool = True
     task_in_mlp: bool = True
+    task_skip: bool = False  # h_task += task_proj(task features): see WorkflowGenerator.add_task_skip
 
     def __post_init__(self) -> None:
         if self.layers not in (1, 2):
@@ -67,6 +68,20 @@ class WorkflowGenerator(nn.Module):
         for layer in self.mlp:
             if isinstance(layer, nn.Linear):
                 layer.reset_parameters()
+
+    @torch.no_grad()
+    def add_task_skip(self) -> None:
+        """Add the task's own projected features to ``h_task`` (a skip around the GCN).
+
+        Through the GCN the virtual task node averages itself with every operation it is linked
+        to, so its own features reach ``h_task`` with a weight of about 1/(number of operations
+        + 1), and tasks that need different workflows look almost alike to the MLP. The skip is
+        added with zero weights, so the generator's scores are unchanged until it is trained."""
+        if not self.config.task_node:
+            raise ValueError("without the virtual task node h_task is already the task's projection")
+        self.task_proj.weight.zero_()
+        self.task_proj.bias.zero_()
+        self.config = replace(self.config, task_skip=True)
 
     @torch.no_grad()
     def soften(self, temperature: float) -> None:
@@ -99,6 +114,8 @@ class WorkflowGenerator(nn.Module):
             if i < len(self.convs) - 1:
                 h = torch.relu(h)
         h_task = h[n] if self.config.task_node else self.task_proj(task_x)
+        if self.config.task_node and self.config.task_skip:
+            h_task = h_task + self.task_proj(task_x)
         if not self.config.task_node:
             h = torch.cat((h[:n], h_task.unsqueeze(0)), dim=0)
         src, dst = h[candidates[0]], h[candidates[1]]

@@ -123,6 +123,7 @@ def reinforce(
     samples: int = 1,
     explore: float = 0.0,
     temperature: float = 1.0,
+    task_skip: bool = False,
 ) -> list[float]:
     """Policy-gradient fine-tuning; returns the reward of each sampled workflow.
 
@@ -138,7 +139,9 @@ def reinforce(
 
     ``temperature`` > 1 first divides the generator's edge logits by it
     (:meth:`WorkflowGenerator.soften`): greedy decisions stay the same, but saturated scores,
-    whose gradient vanishes, become trainable."""
+    whose gradient vanishes, become trainable. ``task_skip`` first adds the task's own features
+    to ``h_task`` (:meth:`WorkflowGenerator.add_task_skip`, scores unchanged until trained), so
+    that tasks needing different workflows can be told apart."""
     if not tasks:
         raise ValueError("no tasks to train on")
     if samples < 1:
@@ -148,6 +151,8 @@ def reinforce(
     rng = random.Random(seed)
     if temperature != 1.0:
         planner.model.soften(temperature)
+    if task_skip and not planner.model.config.task_skip:
+        planner.model.add_task_skip()
     opt = torch.optim.Adam(planner.model.parameters(), lr=lr)
     baseline, rewards = 0.0, []
     planner.model.train()

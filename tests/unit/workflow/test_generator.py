@@ -131,3 +131,30 @@ def test_soften_keeps_greedy_decisions_and_revives_saturated_gradients():
     assert after.detach()[lowest] > before[lowest] * 100
     with pytest.raises(ValueError, match="temperature"):
         planner.model.soften(0.0)
+
+
+def test_reinforce_learns_a_task_conditioned_single_start():
+    """The best workflow is one start operation, a different one per kind of task. Needs both
+    the drawn, trained fallback start (with a fixed argmax the policy learns to decline every
+    start) and the task skip (through the GCN alone the two kinds look almost alike)."""
+    planner = Planner.load()
+    planner.model.soften(4.0)
+    kinds = {"add": "PROGRAM", "capital": "PATCH"}
+    countries = ("France", "Japan", "Italy", "Spain", "Egypt", "Peru", "Chile", "Cuba", "Iran", "Kenya")
+    tasks = [f"Calculate {a} plus {3 * a + 7}." for a in range(11, 21)] + [
+        f"What is the capital of {c}?" for c in countries
+    ]
+
+    def kind(t: str) -> str:
+        return "add" if "plus" in t else "capital"
+
+    def reward(wf: Workflow, task: str) -> float:
+        roles = [n.role for n in wf.nodes]
+        return (0.8 if roles == [kinds[kind(task)]] else 0.3 if kinds[kind(task)] in roles else 0.1) - 0.02 * len(roles)
+
+    torch.manual_seed(0)
+    reinforce(planner, tasks, reward, steps=300, lr=1e-3, seed=0, samples=8, explore=0.1, task_skip=True)
+    assert planner.model.config.task_skip
+    picked = {t: [n.role for n in planner.generate(t).nodes] for t in tasks}
+    right = {k: sum(picked[t] == [kinds[k]] for t in tasks if kind(t) == k) for k in kinds}
+    assert min(right.values()) >= 7, (right, picked)
