@@ -359,6 +359,13 @@ def main() -> None:
         action="store_true",
         help="do not reuse node outputs of earlier runs (results/node_cache.json; same model and --max-new)",
     )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="another seed (tasks, sampling, training) as a replication: written to results/reward_seed<N>_*, "
+        "the README table is left alone",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     s = Settings(train_per_family=4, test_per_family=4, steps=10, samples=2) if args.quick else Settings()
@@ -366,12 +373,15 @@ def main() -> None:
         s = dataclasses.replace(s, steps=args.steps)
     if args.temperature is not None:
         s = dataclasses.replace(s, temperature=args.temperature)
+    replication = args.seed is not None and args.seed != s.seed
+    if args.seed is not None:
+        s = dataclasses.replace(s, seed=args.seed)
     cache = None if args.no_cache else RESULTS / "node_cache.json"
     summary, rows = evaluate(s, lambda msg: print(msg, flush=True), cache)
-    out = RESULTS / ("reward_quick" if args.quick else "reward")
+    out = RESULTS / ("reward_quick" if args.quick else f"reward_seed{s.seed}" if replication else "reward")
     write_csv(Path(f"{out}_rows.csv"), rows)
     Path(f"{out}_summary.json").write_text(json.dumps(summary, indent=2))
-    if not args.quick:
+    if not args.quick and not replication:
         write_meta(RESULTS / "reward_meta", settings=dataclasses.asdict(s))
         replace_section(HERE / "README.md", "reward", table_from_csv(Path(f"{out}_rows.csv")))
     if args.json:
