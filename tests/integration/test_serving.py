@@ -30,8 +30,12 @@ def _last_json(proc: subprocess.CompletedProcess[str]) -> dict:
 def test_serve_submit_status_shutdown():
     _cli("shutdown", "--address", HEAD, "--json", check=False)  # a clean slate if an earlier run left a head
     try:
-        served = _last_json(_cli("serve", "--model", "tiny-llama", "--replicas", "2", "--detach", "--json"))
+        fuzzy = _cli("serve", "--model", "tiny-llama", "--kv-mode", "fuzzy", check=False)
+        assert fuzzy.returncode == 2 and "unknown KV mode 'fuzzy'" in fuzzy.stderr
+        served = _last_json(_cli("serve", "--model", "tiny-llama", "--replicas", "2", "--kv-mode", "differential",
+                                 "--detach", "--json"))  # fmt: skip
         assert served["replicas"] == ["graphflow-replica-0", "graphflow-replica-1"]
+        assert served["kv_mode"] == "differential"
         assert served["link_bandwidth_bytes_per_s"] > 0  # measured once at serve, shared with clients
         task = "Add 17 and 25, then double the result. " * 6
         result = _last_json(_cli("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--decode", "4",
@@ -42,6 +46,7 @@ def test_serve_submit_status_shutdown():
         assert wrong.returncode == 2 and "serves 'tiny-llama', not 'smollm2-135m'" in wrong.stderr
         status = _last_json(_cli("status", "--address", HEAD, "--json"))
         assert len(status["replicas"]) == 2 and any(r["blocks"] > 0 for r in status["replicas"])
+        assert {r["kv_mode"] for r in status["replicas"]} == {"differential"}
         assert sum(r["hits"] for r in status["replicas"]) > 0
         bad = subprocess.run([sys.executable, "-m", "graphflow.cli", "status", "--address", "127.0.0.1:6379"],
                              capture_output=True, text=True, timeout=300,
