@@ -186,13 +186,15 @@ class ReplicaWorker:
         if self.templates is None or not run.op or n < 2 or start <= 0 or reused > start:
             return self.engine.prefill(ids[reused:], cache), 0
         key, template = PathKey(run.path, run.op), ids[start:]
-        self.templates.prepare(key, template)
+        with self._lock:  # NOTE: a replica runs several nodes at once; the template store is shared
+            self.templates.prepare(key, template)
         prefix = self.engine.prefill(ids[reused:start], cache).cache if start > reused else cache
         rebuilt = self.templates.rebuild(prefix, start, key, template)
         if rebuilt is not None:
             return self.engine.prefill(ids[-1:], rebuilt), n - 1
         pre = self.engine.prefill(template, prefix)
-        self.templates.learn(key, pre.cache, start, n)
+        with self._lock:
+            self.templates.learn(key, pre.cache, start, n)
         return pre, 0
 
     def materialize(self, state_id: str, tokens: Sequence[int]) -> list[AdmitEvent | EvictEvent]:
