@@ -9,9 +9,8 @@ of the unchosen template tokens before it, and the recomputed KV of the chosen t
 it (the idea of CacheBlend's selective recompute); the chosen positions' KV is replaced, the
 rest is kept. With every position chosen the result equals a normal prefill of the template.
 
-Which positions to choose: :func:`varying_positions` ranks template positions by how much
-their exact KV varied across the executions a path's residual was learned from — the tokens a
-shared residual fits worst.
+Which positions: the template's first ones (the codec's ``recompute_head``); in
+``experiments/kv_memory`` recomputing them raised agreement, recomputing the last ones did not.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from graphflow.kv.packing import cache_from_tensor, stack_cache
 from graphflow.kv.paths import PathKey
 from graphflow.models.engine import Engine
 
-__all__ = ["rebuild_template", "recompute_tokens", "varying_positions"]
+__all__ = ["rebuild_template", "recompute_tokens"]
 
 
 def _mask(prefix: int, n_template: int, chosen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -91,15 +90,3 @@ def rebuild_template(
         return None
     head = store.codec.recompute_head if mode is KVMode.DIFFERENTIAL else 0
     return recompute_tokens(engine, prefix_kv, kv, template, range(min(head, len(template))))
-
-
-def varying_positions(executions: Sequence[torch.Tensor], count: int) -> list[int]:
-    """The ``count`` template positions whose KV varied most across ``executions`` (each
-    ``[layers, 2, kv_heads, tokens, head_dim]`` in one position frame), most varying first."""
-    if len(executions) < 2:
-        raise ValueError("need at least two executions to measure how a template's KV varies")
-    x = torch.stack([e.float() for e in executions])
-    spread = (x - x.mean(0)).pow(2).sum(dim=(0, 1, 2, 3, 5))  # per token
-    norm = x.pow(2).sum(dim=(0, 1, 2, 3, 5)).clamp_min(1e-12)
-    k = min(count, spread.numel())
-    return [int(i) for i in torch.topk(spread / norm, k).indices]

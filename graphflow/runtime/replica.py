@@ -95,7 +95,7 @@ class NodeResult:
     total_s: float
     admit: AdmitEvent | None = field(default=None, compare=False)  # None: not kept (reuse off, no room)
     evicted: tuple[EvictEvent, ...] = field(default=(), compare=False)  # states dropped to make room
-    rebuilt_tokens: int = 0  # template tokens served from base + residual instead of prefilled
+    rebuilt_tokens: int = 0  # template tokens not prefilled in order (base + residual; counts a recomputed head)
 
 
 class ReplicaWorker:

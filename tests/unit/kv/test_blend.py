@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphflow.kv.blend import recompute_tokens, varying_positions
+from graphflow.kv.blend import recompute_tokens
 from graphflow.kv.differential import apply_residual, base_kv, template_kv
 from graphflow.kv.packing import stack_cache
 from graphflow.models import prompt_token_ids
@@ -46,14 +46,3 @@ def test_recompute_checks_its_arguments(tiny_qwen_engine):
         recompute_tokens(e, prefix_kv, exact, tmpl, [len(tmpl)])
     with pytest.raises(ValueError, match="holds"):
         recompute_tokens(e, prefix_kv, exact[:, :, :, 1:], tmpl, [0])
-
-
-def test_varying_positions_ranks_the_token_that_varies():
-    a = torch.ones(2, 2, 1, 5, 4)
-    b = a.clone()
-    b[:, :, :, 3] += 1.0
-    c = a.clone()
-    c[:, :, :, 1] += 0.1
-    assert varying_positions([a, b, c], 2) == [3, 1]
-    with pytest.raises(ValueError, match="two executions"):
-        varying_positions([a], 1)
