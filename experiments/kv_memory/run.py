@@ -57,6 +57,9 @@ CODECS = (
     ResidualCodec(keep_per_row=8, recompute_head=12),
     ResidualCodec(recompute_head=16),
     ResidualCodec(keep_per_row=16, recompute_head=16),
+    ResidualCodec(keep_per_row=8, recompute_head=16),
+    ResidualCodec(recompute_head=20),
+    ResidualCodec(keep_per_row=16, recompute_head=20),
 )
 QUICK_CODECS = (
     ResidualCodec(),
@@ -357,10 +360,14 @@ def plot(s: dict[str, Any], png: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--tasks", type=int, default=50, help="GSM8K tasks (one workflow each)")
+    p.add_argument(
+        "--tasks", type=int, default=100, help="GSM8K tasks (one workflow each; 100 give 6 paths ≥ 34 executions)"
+    )
     p.add_argument("--decode", type=int, default=16, help="tokens each node generates and is scored on")
     p.add_argument("--refs", type=int, default=4, help="exact executions averaged into a path's residual")
-    p.add_argument("--min-count", type=int, default=10, help="executions that make a path key hot")
+    p.add_argument(
+        "--min-count", type=int, default=34, help="executions that make a path key hot (34: 4 learned from + 30 scored)"
+    )
     p.add_argument("--max-task-tokens", type=int, default=384)
     p.add_argument(
         "--recompute-tail",
