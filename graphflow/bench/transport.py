@@ -6,7 +6,8 @@
 * ``ray`` — two Ray worker processes; the driver times each iteration: raw is ``ray.put`` of
   one numpy array in worker A then ``ray.get`` in worker B; ours is a RayTransport send in A
   and receive in B, run concurrently.
-Every number is a median over ``repeats`` measurements of ``iters`` transfers after warm-up.
+Every number is the median of ``repeats × iters`` individually timed transfers after warm-up
+(the two-process backends time ``iters`` back-to-back transfers per measurement instead).
 """
 
 from __future__ import annotations
@@ -40,16 +41,31 @@ def parse_size(text: str) -> int:
     raise ValueError(f"cannot read size {text!r}; use bytes or a unit like 1MiB, 64MiB, 1GiB")
 
 
-def _median_time(plan: BenchPlan, step: Callable[[], None]) -> float:
+def _timed(plan: BenchPlan, step: Callable[[], None]) -> list[float]:
+    """Median seconds of one ``step`` over ``repeats × iters`` timed steps, after warm-up.
+
+    Each step is timed on its own (a step here is one whole transfer, ≥ 1 MiB): a few slow
+    transfers (in the Ray object store, allocations of fresh shared memory took 0.1–1.2 s where
+    the same transfer usually takes 45 ms) then move the median of ours and of raw alike, not
+    every repeat they fall in. Returns every timed step's seconds."""
     for _ in range(plan.warmup):
         step()
     times = []
-    for _ in range(plan.repeats):
+    for _ in range(plan.repeats * plan.iters):
         start = time.perf_counter()
-        for _ in range(plan.iters):
-            step()
-        times.append((time.perf_counter() - start) / plan.iters)
-    return statistics.median(times)
+        step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _timed_row(
+    backend: str, size: int, blocks: int, block_bytes: int, ours: list[float], raw: list[float]
+) -> dict[str, Any]:
+    """The row, plus every transfer's milliseconds (outliers show there, not in the medians)."""
+    row = _row(backend, size, blocks, block_bytes, statistics.median(ours), statistics.median(raw))
+    row["ours_ms"] = [round(t * 1e3, 2) for t in ours]
+    row["raw_ms"] = [round(t * 1e3, 2) for t in raw]
+    return row
 
 
 def _bench_local(plan: BenchPlan) -> list[dict[str, Any]]:
@@ -74,8 +90,8 @@ def _bench_local(plan: BenchPlan) -> list[dict[str, Any]]:
             def copy(s: np.ndarray = src, d: np.ndarray = dst) -> None:
                 np.copyto(d, s)
 
-            raw = _median_time(plan, copy)
-            rows.append(_row("local", size, len(headers), plan.block_bytes, _median_time(plan, ours), raw))
+            raw = _timed(plan, copy)
+            rows.append(_timed_row("local", size, len(headers), plan.block_bytes, _timed(plan, ours), raw))
     finally:
         a.close()
         b.close()
@@ -141,7 +157,7 @@ def _bench_ray(plan: BenchPlan) -> list[dict[str, Any]]:
                 ray.get(calls)
 
             blocks = len(blocks_for(size, plan.block_bytes)[0])
-            rows.append(_row("ray", size, blocks, plan.block_bytes, _median_time(plan, ours), _median_time(plan, raw)))
+            rows.append(_timed_row("ray", size, blocks, plan.block_bytes, _timed(plan, ours), _timed(plan, raw)))
     finally:
         for w in workers:
             ray.kill(w)
