@@ -180,13 +180,13 @@ def run(model: str, n_tasks: int, decode: int, refs: int, min_count: int, codecs
                     if approx is not None:
                         scored[label] = approx
                 for label, approx in scored.items():
-                    tails = (recompute_tail,) if recompute_tail > 1 and label in stores else ()
-                    if label in stores and stores[label].codec.recompute_head:
-                        tails = ()
-                    for tail in (1, *tails):
+                    scoring = stores.get(label)  # None for the exact and stateless references
+                    # a codec that recomputes the template's head is not also scored with its tail recomputed
+                    tail_too = scoring is not None and recompute_tail > 1 and not scoring.codec.recompute_head
+                    res = scoring.residuals.get(key) if scoring is not None else None
+                    for tail in (1, recompute_tail) if tail_too else (1,):
                         logits = teacher_forced(engine, prefix_kv, approx, tmpl, generated, tail)
                         agree, kl = kl_and_agreement(ref_logits, logits)
-                        res = stores[label].residuals.get(key) if label in stores else None
                         rows.append({"workflow": w, "node": node.id, "path": str(key), "hot": key in hot,
                                      "codec": label if tail == 1 else f"{label}, last {tail} recomputed",
                                      "agreement": agree, "kl": kl, "offset": len(prefix),

@@ -42,12 +42,12 @@ def parse_size(text: str) -> int:
 
 
 def _timed(plan: BenchPlan, step: Callable[[], None]) -> list[float]:
-    """Median seconds of one ``step`` over ``repeats × iters`` timed steps, after warm-up.
+    """The seconds of each of ``repeats × iters`` timed runs of ``step``, after warm-up.
 
-    Each step is timed on its own (a step here is one whole transfer, ≥ 1 MiB): a few slow
+    Each step is timed on its own (a step here is one whole transfer, ≥ 1 MiB), so a few slow
     transfers (in the Ray object store, allocations of fresh shared memory took 0.1–1.2 s where
-    the same transfer usually takes 45 ms) then move the median of ours and of raw alike, not
-    every repeat they fall in. Returns every timed step's seconds."""
+    the same transfer usually takes 45 ms) move the median of ours and of raw alike, not every
+    repeat they fall in."""
     for _ in range(plan.warmup):
         step()
     times = []
