@@ -3,6 +3,11 @@
 Used in tests and when producer and consumer share a process. Each message is a rendezvous:
 the sender posts its buffer and waits; the receiver copies it into its pre-allocated tensor
 (one ``memcpy``) and releases the sender. Endpoints find each other by name.
+
+Every local endpoint of a process runs on one shared event-loop thread (started with the
+first endpoint, stopped when the last one closes): a transfer's send and receive then meet on
+one thread instead of handing each message between two (measured for 1 MiB: ≈ 1.1 ms with a
+loop per endpoint, mostly thread wake-ups; see transport/README.md).
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transport.base import TransferSpec, TransportConfig
+from transport.base import TransferSpec, TransportConfig, start_loop_thread
 from transport.errors import PeerUnreachable, WireFormatError
-from transport.message import MessageTransport
+from transport.message import Landed, MessageTransport
+from transport.wire import copy_with_digests, message_runs
 
 __all__ = ["LocalTransport"]
 
@@ -47,6 +53,26 @@ class _Fabric:
         self.endpoints: set[str] = set()
         self.channels: dict[_Key, _Channel] = {}
         self.ids = itertools.count()
+        self.loop: asyncio.AbstractEventLoop | None = None  # shared by every endpoint; see the module doc
+        self.thread: threading.Thread | None = None
+
+    def shared_loop(self) -> tuple[asyncio.AbstractEventLoop, threading.Thread | None]:
+        """The endpoints' event loop, started on first use."""
+        with self.lock:
+            if self.loop is None:
+                self.loop, self.thread = start_loop_thread("transport-local")
+            return self.loop, self.thread
+
+    def leave(self, name: str) -> None:
+        """Unregister endpoint ``name``; the last one out stops the shared loop."""
+        with self.lock:
+            self.endpoints.discard(name)
+            if self.endpoints or self.loop is None:
+                return
+            loop, thread, self.loop, self.thread = self.loop, self.thread, None, None
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
 
     def post(self, key: _Key, buf: memoryview) -> _Slot:
         """Sender side: hand ``buf`` to the oldest waiting receiver, or queue it."""
@@ -118,6 +144,27 @@ class LocalTransport(MessageTransport):
         finally:
             slot.copied.set_result(None)  # NOTE: release the sender even when the copy is refused
 
+    async def _recv_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Landed) -> None:
+        # NOTE: data messages are copied and hashed chunk by chunk (wire.copy_with_digests), so
+        # verification reads the received bytes from cache instead of from memory again
+        self._check_peer(spec.peer)
+        runs = message_runs(spec.nbytes)
+        for i, (seq, buf) in enumerate(msgs):
+            slot = _FABRIC.take((spec.peer, self._name, spec.transfer_id, seq))
+            src = await asyncio.wrap_future(slot.posted)
+            try:
+                if src.nbytes > buf.nbytes:
+                    raise WireFormatError(f"local: message {seq} has {src.nbytes} bytes, at most {buf.nbytes} expected")
+                sizes = [spec.nbytes[b] for b in runs[seq - 2]] if 2 <= seq < 2 + len(runs) else None
+                if sizes is not None and sum(sizes) == src.nbytes:
+                    digests: list[int] | None = copy_with_digests(buf, src, sizes)
+                else:  # NOTE: a short or odd message: copy as is; verification will reject it
+                    np.copyto(np.frombuffer(buf, np.uint8, src.nbytes), np.frombuffer(src, np.uint8))
+                    digests = None
+            finally:
+                slot.copied.set_result(None)  # NOTE: release the sender even when the copy is refused
+            landed(i, digests)
+
     async def _send_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]]) -> None:
         # NOTE: post every message at once, then wait; a rendezvous per message costs two
         # cross-thread wake-ups each.
@@ -126,11 +173,12 @@ class LocalTransport(MessageTransport):
         for slot in slots:
             await asyncio.wrap_future(slot.copied)
 
-    async def _aclose(self) -> None:
-        with _FABRIC.lock:
-            _FABRIC.endpoints.discard(self._name)
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop, self._thread = _FABRIC.shared_loop()
+        return self._loop
 
     def close(self) -> None:
-        with _FABRIC.lock:  # NOTE: also when never used: its loop (and so _aclose) never started
-            _FABRIC.endpoints.discard(self._name)
-        super().close()
+        """Unregister this endpoint (the shared loop stops with the last endpoint)."""
+        self._loop = self._thread = None
+        _FABRIC.leave(self._name)

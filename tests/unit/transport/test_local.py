@@ -200,3 +200,15 @@ def test_blocks_of_different_shapes_in_one_message_keep_their_shapes(pair):
     got = _transfer(pair, headers, tensors)
     assert [tuple(t.shape) for t in got.tensors] == shapes
     assert all(torch.equal(x, y) for x, y in zip(got.tensors, tensors, strict=True))
+
+
+def test_endpoints_share_one_loop_that_stops_with_the_last():
+    a, b = LocalTransport(), LocalTransport()
+    try:
+        loop = a._ensure_loop()
+        assert b._ensure_loop() is loop
+        a.close()
+        assert loop.is_running()  # b still uses it
+    finally:
+        b.close()
+    assert not any(t.name == "transport-local" and t.is_alive() for t in threading.enumerate())

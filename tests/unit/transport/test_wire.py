@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from transport.errors import ChecksumMismatch, WireFormatError
-from transport.wire import BlockHeader, checksum, decode_header, encode_header, read_frame, write_frame
+from transport.wire import (
+    BlockHeader,
+    checksum,
+    copy_with_digests,
+    decode_header,
+    encode_header,
+    read_frame,
+    write_frame,
+)
 
 
 def _header(t: torch.Tensor, **kw: object) -> BlockHeader:
@@ -75,3 +83,18 @@ def test_shapes_that_would_overflow_are_rejected():
     huge_dim = _header(torch.zeros(1), shape=(1 << 41,), nbytes=(1 << 41) * 4)
     with pytest.raises(WireFormatError, match="out of range"):
         decode_header(encode_header([huge_dim]))
+
+
+@pytest.mark.parametrize("sizes", [[0], [5], [1000, 0, 3333], [4096, 4096]])
+def test_copy_with_digests_copies_and_hashes_each_block_across_chunks(sizes):
+    src = torch.randint(0, 255, (sum(sizes),), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    dst = torch.zeros(sum(sizes) + 7, dtype=torch.uint8)
+    digests = copy_with_digests(dst.numpy().data, src.numpy().data, sizes, chunk=512)
+    assert torch.equal(dst[: sum(sizes)], src) and int(dst[sum(sizes) :].sum()) == 0
+    assert digests == [checksum(part) for part in src.split(sizes)]
+
+
+def test_copy_with_digests_refuses_sizes_that_do_not_cover_the_source():
+    src = torch.zeros(10, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="do not match"):
+        copy_with_digests(torch.zeros(10, dtype=torch.uint8).numpy().data, src.numpy().data, [4, 4])
