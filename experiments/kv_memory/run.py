@@ -60,6 +60,8 @@ CODECS = (
     ResidualCodec(keep_per_row=8, recompute_head=16),
     ResidualCodec(recompute_head=20),
     ResidualCodec(keep_per_row=16, recompute_head=20),
+    ResidualCodec(recompute_head=24),
+    ResidualCodec(keep_per_row=16, recompute_head=24),
 )
 QUICK_CODECS = (
     ResidualCodec(),
