@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from transport import message
+from transport import local, message
 from transport.base import TransferSpec, TransportConfig
 from transport.errors import ChecksumMismatch, PeerUnreachable, TransferTimeout, WireFormatError
 from transport.layout import MESSAGE_BYTES, message_runs
@@ -202,7 +202,7 @@ def test_blocks_of_different_shapes_in_one_message_keep_their_shapes(pair):
     assert all(torch.equal(x, y) for x, y in zip(got.tensors, tensors, strict=True))
 
 
-def test_endpoints_share_one_loop_that_stops_with_the_last():
+def test_endpoints_share_one_loop():
     a, b = LocalTransport(), LocalTransport()
     try:
         loop = a._ensure_loop()
@@ -211,4 +211,14 @@ def test_endpoints_share_one_loop_that_stops_with_the_last():
         assert loop.is_running()  # b still uses it
     finally:
         b.close()
-    assert not any(t.name == "transport-local" and t.is_alive() for t in threading.enumerate())
+
+
+def test_shared_loop_stops_with_the_last_endpoint():
+    fabric = local._Fabric()  # NOTE: a fabric of its own: other tests' endpoints may still be open
+    fabric.endpoints |= {"x", "y"}
+    loop, thread = fabric.shared_loop()
+    assert fabric.shared_loop()[0] is loop
+    fabric.leave("x")
+    assert loop.is_running()
+    fabric.leave("y")
+    assert thread is not None and not thread.is_alive() and fabric.loop is None
