@@ -135,35 +135,31 @@ class LocalTransport(MessageTransport):
 
     async def _recv_msg(self, spec: TransferSpec, seq: int, buf: memoryview) -> None:
         self._check_peer(spec.peer)
+        await self._land(spec, seq, buf, None)
+
+    async def _recv_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Landed) -> None:
+        self._check_peer(spec.peer)
+        runs = message_runs(spec.nbytes)
+        for i, (seq, buf) in enumerate(msgs):
+            sizes = [spec.nbytes[b] for b in runs[seq - 2]] if 2 <= seq < 2 + len(runs) else None
+            landed(i, await self._land(spec, seq, buf, sizes))
+
+    async def _land(self, spec: TransferSpec, seq: int, buf: memoryview, sizes: list[int] | None) -> list[int] | None:
+        """Wait for message ``seq`` and copy it into ``buf``; with its blocks' ``sizes``, hash
+        each chunk as it is copied (``wire.copy_with_digests``: verification then reads the
+        bytes from cache, not from memory again) and return the blocks' digests."""
         slot = _FABRIC.take((spec.peer, self._name, spec.transfer_id, seq))
         src = await asyncio.wrap_future(slot.posted)
         try:
             if src.nbytes > buf.nbytes:
                 raise WireFormatError(f"local: message {seq} has {src.nbytes} bytes, at most {buf.nbytes} expected")
+            if sizes is not None and sum(sizes) == src.nbytes:
+                return copy_with_digests(buf, src, sizes)
+            # NOTE: control and header messages, or a short one (verification will reject it)
             np.copyto(np.frombuffer(buf, np.uint8, src.nbytes), np.frombuffer(src, np.uint8))
+            return None
         finally:
             slot.copied.set_result(None)  # NOTE: release the sender even when the copy is refused
-
-    async def _recv_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Landed) -> None:
-        # NOTE: data messages are copied and hashed chunk by chunk (wire.copy_with_digests), so
-        # verification reads the received bytes from cache instead of from memory again
-        self._check_peer(spec.peer)
-        runs = message_runs(spec.nbytes)
-        for i, (seq, buf) in enumerate(msgs):
-            slot = _FABRIC.take((spec.peer, self._name, spec.transfer_id, seq))
-            src = await asyncio.wrap_future(slot.posted)
-            try:
-                if src.nbytes > buf.nbytes:
-                    raise WireFormatError(f"local: message {seq} has {src.nbytes} bytes, at most {buf.nbytes} expected")
-                sizes = [spec.nbytes[b] for b in runs[seq - 2]] if 2 <= seq < 2 + len(runs) else None
-                if sizes is not None and sum(sizes) == src.nbytes:
-                    digests: list[int] | None = copy_with_digests(buf, src, sizes)
-                else:  # NOTE: a short or odd message: copy as is; verification will reject it
-                    np.copyto(np.frombuffer(buf, np.uint8, src.nbytes), np.frombuffer(src, np.uint8))
-                    digests = None
-            finally:
-                slot.copied.set_result(None)  # NOTE: release the sender even when the copy is refused
-            landed(i, digests)
 
     async def _send_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]]) -> None:
         # NOTE: post every message at once, then wait; a rendezvous per message costs two
