@@ -46,9 +46,9 @@ def _timed(plan: BenchPlan, step: Callable[[], None]) -> list[float]:
     """The seconds of each of ``repeats × iters`` timed runs of ``step``, after warm-up.
 
     Each step is timed on its own (a step here is one whole transfer, ≥ 1 MiB), so a few slow
-    transfers (in the Ray object store, allocations of fresh shared memory took 0.1–1.2 s where
-    the same transfer usually takes 45 ms) move the median of ours and of raw alike, not every
-    repeat they fall in."""
+    transfers (through the Ray object store some took 0.1–1.2 s where the same transfer usually
+    takes 45 ms; mostly fresh object-store memory, see transport/README.md) move the median of
+    ours and of raw alike, not every repeat they fall in."""
     for _ in range(plan.warmup):
         step()
     times = []
