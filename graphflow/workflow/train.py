@@ -113,6 +113,28 @@ def _fallback(rng: random.Random, chosen: list[int], weights: list[float]) -> Ca
     return draw
 
 
+def _sample_task(
+    planner: Planner, task: str, reward: Reward, rng: random.Random, samples: int, explore: float
+) -> tuple[list[float], list[torch.Tensor]]:
+    """``samples`` workflows drawn for ``task``: their rewards and log-probabilities (with grad)."""
+    raw = planner.scores(planner.encoder.encode([task])[0])
+    scores = explore + (1 - 2 * explore) * raw
+    logps, rs = [], []
+    n_start = len(planner.cands.starts)
+    # the start drawn when none was sampled: ∝ the raw start scores, mixed with uniform by ε
+    start_q = explore / n_start + (1 - explore) * raw[:n_start] / raw[:n_start].sum().clamp_min(1e-12)
+    for _ in range(samples):
+        decisions: list[tuple[int, bool]] = []
+        drawn: list[int] = []
+        nodes, edges, _ = decode(planner.cands, scores.detach(), pick=_sampler(rng, decisions),
+                                 fallback=_fallback(rng, drawn, start_q.detach().tolist()))  # fmt: skip
+        rs.append(reward(planner.g.to_workflow(nodes, edges), task))
+        terms = [torch.log(scores[i] if k else 1 - scores[i] + 1e-8) for i, k in decisions]
+        terms += [torch.log(start_q[k]) for k in drawn]
+        logps.append(torch.stack(terms).sum())
+    return rs, logps
+
+
 def reinforce(
     planner: Planner,
     tasks: Sequence[str],
@@ -124,6 +146,8 @@ def reinforce(
     explore: float = 0.0,
     temperature: float = 1.0,
     task_skip: bool = False,
+    tasks_per_step: int = 1,
+    skip_lr_scale: float = 1.0,
 ) -> list[float]:
     """Policy-gradient fine-tuning; returns the reward of each sampled workflow.
 
@@ -141,48 +165,50 @@ def reinforce(
     (:meth:`WorkflowGenerator.soften`): greedy decisions stay the same, but saturated scores,
     whose gradient vanishes, become trainable. ``task_skip`` first adds the task's own features
     to ``h_task`` (:meth:`WorkflowGenerator.add_task_skip`, scores unchanged until trained), so
-    that tasks needing different workflows can be told apart."""
+    that tasks needing different workflows can be told apart.
+
+    ``tasks_per_step`` > 1 averages the loss of several tasks (each with its own ``samples``
+    and leave-one-out baseline) into one optimizer step, so that one step does not follow a
+    single task's family; ``steps`` then counts optimizer steps. ``skip_lr_scale`` multiplies
+    the learning rate of the task skip's projection, a zero-initialised layer that starts from
+    nothing while the rest of the network is already trained."""
     if not tasks:
         raise ValueError("no tasks to train on")
     if samples < 1:
         raise ValueError(f"samples must be at least 1, got {samples}")
+    if tasks_per_step < 1:
+        raise ValueError(f"tasks_per_step must be at least 1, got {tasks_per_step}")
     if not 0.0 <= explore < 0.5:
         raise ValueError(f"explore must be in [0, 0.5), got {explore}")
+    if not skip_lr_scale > 0:
+        raise ValueError(f"skip_lr_scale must be positive, got {skip_lr_scale}")
     rng = random.Random(seed)
     if temperature != 1.0:
         planner.model.soften(temperature)
     if task_skip and not planner.model.config.task_skip:
         planner.model.add_task_skip()
-    opt = torch.optim.Adam(planner.model.parameters(), lr=lr)
-    baseline, rewards = 0.0, []
+    skip = list(planner.model.task_proj.parameters()) if planner.model.config.task_skip else []
+    rest = [p for p in planner.model.parameters() if all(p is not q for q in skip)]
+    groups = [{"params": rest, "lr": lr}] + ([{"params": skip, "lr": lr * skip_lr_scale}] if skip else [])
+    opt = torch.optim.Adam(groups, lr=lr)
+    baseline = 0.0
+    rewards: list[float] = []
     planner.model.train()
-    for step in range(steps):
-        task = tasks[rng.randrange(len(tasks))]
-        raw = planner.scores(planner.encoder.encode([task])[0])
-        scores = explore + (1 - 2 * explore) * raw
-        logps, rs = [], []
-        n_start = len(planner.cands.starts)
-        # the start drawn when none was sampled: ∝ the raw start scores, mixed with uniform by ε
-        start_q = explore / n_start + (1 - explore) * raw[:n_start] / raw[:n_start].sum().clamp_min(1e-12)
-        for _ in range(samples):
-            decisions: list[tuple[int, bool]] = []
-            drawn: list[int] = []
-            nodes, edges, _ = decode(planner.cands, scores.detach(), pick=_sampler(rng, decisions),
-                                     fallback=_fallback(rng, drawn, start_q.detach().tolist()))  # fmt: skip
-            rs.append(reward(planner.g.to_workflow(nodes, edges), task))
-            terms = [torch.log(scores[i] if k else 1 - scores[i] + 1e-8) for i, k in decisions]
-            terms += [torch.log(start_q[k]) for k in drawn]
-            logps.append(torch.stack(terms).sum())
-        if samples == 1:
-            advantages = [rs[0] - baseline]
-            baseline = rs[0] if step == 0 else 0.9 * baseline + 0.1 * rs[0]
-        else:
-            total = sum(rs)
-            advantages = [r - (total - r) / (samples - 1) for r in rs]
+    for _ in range(steps):
+        losses = []
+        for _ in range(tasks_per_step):
+            task = tasks[rng.randrange(len(tasks))]
+            rs, logps = _sample_task(planner, task, reward, rng, samples, explore)
+            if samples == 1:
+                advantages = [rs[0] - baseline]
+                baseline = rs[0] if not rewards else 0.9 * baseline + 0.1 * rs[0]
+            else:
+                total = sum(rs)
+                advantages = [r - (total - r) / (samples - 1) for r in rs]
+            losses.append(-torch.stack([a * lp for a, lp in zip(advantages, logps, strict=True)]).sum() / samples)
+            rewards += rs
         opt.zero_grad()
-        loss = -torch.stack([a * lp for a, lp in zip(advantages, logps, strict=True)]).sum() / samples
-        loss.backward()
+        (torch.stack(losses).sum() / tasks_per_step).backward()
         opt.step()
-        rewards += rs
     planner.model.eval()
     return rewards

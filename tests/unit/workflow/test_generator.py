@@ -158,3 +158,28 @@ def test_reinforce_learns_a_task_conditioned_single_start():
     picked = {t: [n.role for n in planner.generate(t).nodes] for t in tasks}
     right = {k: sum(picked[t] == [kinds[k]] for t in tasks if kind(t) == k) for k in kinds}
     assert min(right.values()) >= 7, (right, picked)
+
+
+def test_reinforce_batches_tasks_and_scales_the_task_skips_learning_rate():
+    planner = Planner.load()
+    planner.model.soften(4.0)
+    tasks = ["Calculate 12 plus 43.", "What is the capital of Peru?"]
+
+    def reward(wf: Workflow, task: str) -> float:
+        want = "PROGRAM" if "plus" in task else "PATCH"
+        return float([n.role for n in wf.nodes] == [want]) - 0.02 * len(wf.nodes)
+
+    planner.model.add_task_skip()
+    before = {name: p.detach().clone() for name, p in planner.model.named_parameters()}
+    torch.manual_seed(0)
+    rewards = reinforce(planner, tasks, reward, steps=1, lr=1e-3, samples=8, explore=0.3, tasks_per_step=3,
+                        task_skip=True, skip_lr_scale=30.0)  # fmt: skip
+    assert len(rewards) == 1 * 3 * 8
+    moved = {name: float((p.detach() - before[name]).abs().max()) for name, p in planner.model.named_parameters()}
+    # Adam's first step moves each parameter by about lr·sign(grad): 30 × 1e-3 for the skip's projection
+    assert 0.02 < moved["task_proj.weight"] <= 0.0301
+    assert max(v for k, v in moved.items() if not k.startswith("task_proj")) <= 0.00101
+    with pytest.raises(ValueError, match="tasks_per_step"):
+        reinforce(planner, tasks, reward, tasks_per_step=0)
+    with pytest.raises(ValueError, match="skip_lr_scale"):
+        reinforce(planner, tasks, reward, skip_lr_scale=0.0)
