@@ -22,11 +22,12 @@ Does a task-conditioned generator pick better workflows than one fixed workflow,
   ``Result:``, else the last number in the text, equals the answer; ``capital`` — the capital's
   name occurs as a word.
 * **Methods** on the test tasks: ``gnn`` (the packaged imitation checkpoint fine-tuned by
-  REINFORCE on the training tasks' measured reward, reward = success − 0.02 × nodes; each step
-  samples 8 workflows for one task, baseline = the mean of the other 7; every edge decision
-  stays random with probability ≥ 0.1, ``explore``; the checkpoint's edge logits are first
-  divided by 4, ``temperature``, which keeps its greedy choices but un-saturates its scores, and
-  a zero-initialised skip adds the task's own features to ``h_task``, ``task_skip``),
+  REINFORCE on the training tasks' measured reward, reward = success − 0.02 × nodes; each of
+  500 steps samples 8 workflows for each of 4 tasks, baseline = the mean of the same task's
+  other 7; every edge decision stays random with probability ≥ 0.1, ``explore``; the
+  checkpoint's edge logits are first divided by 4, ``temperature``, which keeps its greedy
+  choices but un-saturates its scores, and a zero-initialised skip adds the task's own
+  features to ``h_task``, ``task_skip``, trained at 30× the learning rate, ``skip_lr_scale``),
   ``gnn_imitation`` (the checkpoint before REINFORCE), ``retrieval`` (the reference workflow of
   the nearest corpus task, as in parts 1–2), ``majority`` (most common reference), and every
   fixed workflow of a pool (each source operation alone, and each benchmark's reference).
@@ -193,12 +194,20 @@ class WorkflowRunner:
         return self._memo[key]
 
     def save(self) -> None:
-        """Keep the node outputs (exact context → greedy output) for a later run of this study."""
+        """Keep the node outputs (exact context → greedy output) for a later run of this study,
+        together with those another run (another seed) saved to the same file meanwhile."""
         if self.cache is not None:
             self.cache.parent.mkdir(parents=True, exist_ok=True)
-            nodes = [[list(k), ids, text] for k, (ids, text) in self._memo.items()]
+            memo = dict(self._memo)
+            if self.cache.is_file():
+                saved = json.loads(self.cache.read_text())
+                if saved.get("model_key") == self.engine.identity.model_key and saved.get("max_new") == self.max_new:
+                    memo.update({tuple(k): (ids, text) for k, ids, text in saved["nodes"] if tuple(k) not in memo})
+            nodes = [[list(k), ids, text] for k, (ids, text) in memo.items()]
             blob = {"model_key": self.engine.identity.model_key, "max_new": self.max_new, "nodes": nodes}
-            self.cache.write_text(json.dumps(blob))
+            partial = self.cache.with_suffix(".partial")
+            partial.write_text(json.dumps(blob))
+            partial.replace(self.cache)  # atomic: a run reading the file never sees half of it
 
 
 def signature(wf: Workflow) -> str:
@@ -215,8 +224,10 @@ def single_op(operator: str, role: str) -> Workflow:
 class Settings:
     train_per_family: int = 20
     test_per_family: int = 20
-    steps: int = 400
+    steps: int = 500
     samples: int = 8
+    tasks_per_step: int = 4
+    skip_lr_scale: float = 30.0
     explore: float = 0.1
     temperature: float = 4.0
     task_skip: bool = True
@@ -237,8 +248,11 @@ def baselines(planner: Planner) -> tuple[Callable[[str], Workflow], Workflow, li
 
 
 def evaluate(
-    settings: Settings, say: Callable[[str], None], cache: Path | None = None
+    settings: Settings, say: Callable[[str], None], cache: Path | None = None, lean: bool = False
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Train on the training tasks, score every method on the test tasks. ``lean``: only
+    ``gnn`` and the single-operation fixed workflows (the corpus baselines run multi-step
+    workflows and take most of an evaluation's model time)."""
     from graphflow.models.engine import Engine
 
     engine = Engine.load("smollm2-135m")
@@ -254,7 +268,10 @@ def evaluate(
         return score(by_text[text], runner.run(wf, text)) - settings.node_cost * len(wf.nodes)
 
     start = time.perf_counter()
-    say(f"REINFORCE: {settings.steps} steps of {settings.samples} samples over {len(train)} training tasks")
+    say(
+        f"REINFORCE: {settings.steps} steps of {settings.tasks_per_step} tasks x {settings.samples} samples "
+        f"over {len(train)} training tasks"
+    )
     torch.manual_seed(settings.seed)
     rewards = reinforce(
         planner,
@@ -267,6 +284,8 @@ def evaluate(
         settings.explore,
         settings.temperature,
         settings.task_skip,
+        settings.tasks_per_step,
+        settings.skip_lr_scale,
     )
     train_s = time.perf_counter() - start
     runner.save()
@@ -279,6 +298,9 @@ def evaluate(
         "retrieval": retrieval,
         "majority": lambda _t: majority,
     }
+    if lean:
+        methods = {"gnn": planner.generate}
+        pool = [wf for wf in pool if len(wf.nodes) == 1]
     for wf in pool:
         methods[f"fixed:{wf.name}"] = lambda _t, wf=wf: wf
     rows = []
@@ -308,9 +330,10 @@ def summarize(rows: Sequence[dict[str, Any]], settings: Settings, rewards: Seque
         "gnn_success": float(gnn.mean()),
         "best_fixed_success": float(_success(rows, best).mean()),
         "best_fixed": best.removeprefix("fixed:"),
-        "retrieval_success": float(_success(rows, "retrieval").mean()),
-        "majority_success": float(_success(rows, "majority").mean()),
-        "gnn_imitation_success": float(_success(rows, "gnn_imitation").mean()),
+        **{
+            f"{m}_success": float(_success(rows, m).mean()) if any(r["method"] == m for r in rows) else None
+            for m in ("retrieval", "majority", "gnn_imitation")
+        },  # fmt: skip
         "diff_ci_low": lo,
         "diff_ci_high": hi,
         "tasks": len(gnn),
@@ -344,10 +367,36 @@ def table_from_csv(path: Path) -> str:
     return "\n".join(out)
 
 
+def seeds_table(results: Path = RESULTS) -> str:
+    """One row per seed run (``reward_rows.csv`` is seed 0, ``reward_seed<N>_rows.csv`` the
+    replications): the generator against that run's best fixed workflow."""
+    runs = [(0, results / "reward_rows.csv")] + sorted(
+        (int(p.name.removeprefix("reward_seed").removesuffix("_rows.csv")), p)
+        for p in results.glob("reward_seed*_rows.csv")
+    )
+    out = ["| seed | methods scored | gnn | arithmetic | capital | best fixed | gnn − best fixed (95% CI) |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for seed, path in runs:
+        if not path.is_file():
+            continue
+        rows = read_csv(path)
+        methods = {r["method"] for r in rows}
+        best = max((m for m in methods if m.startswith("fixed:")), key=lambda m: _success(rows, m).mean())
+        gnn, ref = _success(rows, "gnn"), _success(rows, best)
+        lo, hi = bootstrap_ci(list(gnn - ref))
+        per = [np.mean([float(r["success"]) for r in rows if r["method"] == "gnn" and r["family"] == f])
+               for f in ("arithmetic", "capital")]  # fmt: skip
+        scored = "all" if "retrieval" in methods else "gnn + single-operation fixed"
+        out.append(f"| {seed} | {scored} | {gnn.mean():.3f} | {per[0]:.2f} | {per[1]:.2f} | "
+                   f"{ref.mean():.3f} (`{best.removeprefix('fixed:')}`) | "
+                   f"{gnn.mean() - ref.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] |")  # fmt: skip
+    return "\n".join(out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="4 tasks per family, 10 steps of 2 samples (a check)")
-    p.add_argument("--steps", type=int, default=None, help="REINFORCE steps (default 400)")
+    p.add_argument("--steps", type=int, default=None, help="REINFORCE steps (default 500)")
     p.add_argument(
         "--temperature",
         type=float,
@@ -366,6 +415,11 @@ def main() -> None:
         help="another seed (tasks, sampling, training) as a replication: written to results/reward_seed<N>_*, "
         "the README table is left alone",
     )
+    p.add_argument(
+        "--lean",
+        action="store_true",
+        help="with --seed: score only gnn and the single-operation fixed workflows (no corpus baselines; faster)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     s = Settings(train_per_family=4, test_per_family=4, steps=10, samples=2) if args.quick else Settings()
@@ -377,13 +431,17 @@ def main() -> None:
     if args.seed is not None:
         s = dataclasses.replace(s, seed=args.seed)
     cache = None if args.no_cache else RESULTS / "node_cache.json"
-    summary, rows = evaluate(s, lambda msg: print(msg, flush=True), cache)
+    if args.lean and not replication:
+        p.error("--lean is for a replication (--seed N other than 0): the README table needs every method")
+    summary, rows = evaluate(s, lambda msg: print(msg, flush=True), cache, lean=args.lean)
     out = RESULTS / ("reward_quick" if args.quick else f"reward_seed{s.seed}" if replication else "reward")
     write_csv(Path(f"{out}_rows.csv"), rows)
     Path(f"{out}_summary.json").write_text(json.dumps(summary, indent=2))
     if not args.quick and not replication:
         write_meta(RESULTS / "reward_meta", settings=dataclasses.asdict(s))
         replace_section(HERE / "README.md", "reward", table_from_csv(Path(f"{out}_rows.csv")))
+    if not args.quick:
+        replace_section(HERE / "README.md", "reward-seeds", seeds_table())
     if args.json:
         print(json.dumps(summary))
 

@@ -36,3 +36,16 @@ def test_capital_needs_the_whole_word():
 
 def test_signature_of_a_single_operation():
     assert signature(single_op("Programmer", "PROGRAM")) == "TASK@-1>PROGRAM@0"
+
+
+def test_synthetic_reward_is_fixed_per_task_and_workflow_and_follows_the_family_rates():
+    from experiments.generator_eval.reward_sim import synthetic_success
+
+    program, solve = single_op("Custom", "PROGRAM"), single_op("Custom", "SOLVE")
+    tasks = [f"What is {a} + 7?" for a in range(200)]
+    draws = [synthetic_success("arithmetic", t, program) for t in tasks]
+    assert draws == [synthetic_success("arithmetic", t, program) for t in tasks]
+    assert 0.55 < sum(draws) / len(draws) < 0.75  # RATES: PROGRAM answers 0.65 of arithmetic
+    assert not any(synthetic_success("arithmetic", t, solve) for t in tasks)
+    capitals = [synthetic_success("capital", f"What is the capital of country {i}?", solve) for i in range(200)]
+    assert 0.3 < sum(capitals) / len(capitals) < 0.5
