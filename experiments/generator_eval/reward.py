@@ -374,8 +374,8 @@ def seeds_table(results: Path = RESULTS) -> str:
         (int(p.name.removeprefix("reward_seed").removesuffix("_rows.csv")), p)
         for p in results.glob("reward_seed*_rows.csv")
     )
-    out = ["| seed | methods scored | gnn | arithmetic | capital | best fixed | gnn − best fixed (95% CI) |",
-           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = ["| seed | methods scored | gnn | arithmetic | capital | retrieval | majority | best fixed "
+           "| gnn − best fixed (95% CI) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for seed, path in runs:
         if not path.is_file():
             continue
@@ -387,7 +387,8 @@ def seeds_table(results: Path = RESULTS) -> str:
         per = [np.mean([float(r["success"]) for r in rows if r["method"] == "gnn" and r["family"] == f])
                for f in ("arithmetic", "capital")]  # fmt: skip
         scored = "all" if "retrieval" in methods else "gnn + single-operation fixed"
-        out.append(f"| {seed} | {scored} | {gnn.mean():.3f} | {per[0]:.2f} | {per[1]:.2f} | "
+        corpus = [f"{_success(rows, m).mean():.3f}" if m in methods else "—" for m in ("retrieval", "majority")]
+        out.append(f"| {seed} | {scored} | {gnn.mean():.3f} | {per[0]:.2f} | {per[1]:.2f} | {' | '.join(corpus)} | "
                    f"{ref.mean():.3f} (`{best.removeprefix('fixed:')}`) | "
                    f"{gnn.mean() - ref.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] |")  # fmt: skip
     return "\n".join(out)
