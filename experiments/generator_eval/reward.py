@@ -147,14 +147,19 @@ class WorkflowRunner:
         self.max_new = max_new
         self.code_timeout_s = code_timeout_s
         self.stop = self.tok.encode(CHAT_END.strip())[0]
-        self._memo: dict[tuple[Any, ...], tuple[list[int], str]] = {}
         self.cache = cache
-        if cache is not None and cache.is_file():
-            saved = json.loads(cache.read_text())
-            if saved.get("model_key") == engine.identity.model_key and saved.get("max_new") == max_new:
-                self._memo = {tuple(k): (ids, text) for k, ids, text in saved["nodes"]}
+        self._memo = self._saved()
         self.node_runs = 0
         self.node_seconds = 0.0
+
+    def _saved(self) -> dict[tuple[Any, ...], tuple[list[int], str]]:
+        """Node outputs saved in the cache file by runs of the same model and ``max_new``."""
+        if self.cache is None or not self.cache.is_file():
+            return {}
+        saved = json.loads(self.cache.read_text())
+        if saved.get("model_key") != self.engine.identity.model_key or saved.get("max_new") != self.max_new:
+            return {}
+        return {tuple(k): (ids, text) for k, ids, text in saved["nodes"]}
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text))
@@ -198,11 +203,7 @@ class WorkflowRunner:
         together with those another run (another seed) saved to the same file meanwhile."""
         if self.cache is not None:
             self.cache.parent.mkdir(parents=True, exist_ok=True)
-            memo = dict(self._memo)
-            if self.cache.is_file():
-                saved = json.loads(self.cache.read_text())
-                if saved.get("model_key") == self.engine.identity.model_key and saved.get("max_new") == self.max_new:
-                    memo.update({tuple(k): (ids, text) for k, ids, text in saved["nodes"] if tuple(k) not in memo})
+            memo = {**self._saved(), **self._memo}
             nodes = [[list(k), ids, text] for k, (ids, text) in memo.items()]
             blob = {"model_key": self.engine.identity.model_key, "max_new": self.max_new, "nodes": nodes}
             partial = self.cache.with_suffix(".partial")
@@ -235,6 +236,16 @@ class Settings:
     node_cost: float = 0.02
     max_new: int = 32
     seed: int = 0
+
+
+def train_generator(
+    planner: Planner, tasks: Sequence[str], reward: Callable[[Workflow, str], float], settings: Settings
+) -> list[float]:
+    """REINFORCE with the study's settings (seeded); the reward of every sampled workflow."""
+    torch.manual_seed(settings.seed)
+    s = settings
+    return reinforce(planner, tasks, reward, s.steps, s.lr, s.seed, s.samples, s.explore, s.temperature, s.task_skip,
+                     s.tasks_per_step, s.skip_lr_scale)  # fmt: skip
 
 
 def baselines(planner: Planner) -> tuple[Callable[[str], Workflow], Workflow, list[Workflow]]:
@@ -272,21 +283,7 @@ def evaluate(
         f"REINFORCE: {settings.steps} steps of {settings.tasks_per_step} tasks x {settings.samples} samples "
         f"over {len(train)} training tasks"
     )
-    torch.manual_seed(settings.seed)
-    rewards = reinforce(
-        planner,
-        [t.text for t in train],
-        reward,
-        settings.steps,
-        settings.lr,
-        settings.seed,
-        settings.samples,
-        settings.explore,
-        settings.temperature,
-        settings.task_skip,
-        settings.tasks_per_step,
-        settings.skip_lr_scale,
-    )
+    rewards = train_generator(planner, [t.text for t in train], reward, settings)
     train_s = time.perf_counter() - start
     runner.save()
     say(f"trained in {train_s:.0f} s ({runner.node_runs} node runs); mean reward first/last 50: "

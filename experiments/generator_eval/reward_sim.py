@@ -19,13 +19,11 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-import torch
 import xxhash
 
-from experiments.generator_eval.reward import Settings, make_tasks, signature
+from experiments.generator_eval.reward import Settings, make_tasks, signature, train_generator
 from graphflow.workflow.corpus import Workflow
 from graphflow.workflow.planner import Planner
-from graphflow.workflow.train import reinforce
 
 RATES = {
     "arithmetic": {"PROGRAM": 0.65},
@@ -48,14 +46,11 @@ def run(settings: Settings) -> dict[str, Any]:
     test = make_tasks("test", settings.test_per_family, settings.seed)
     family = {t.text: t.family for t in train}
     planner = Planner.load()
-    torch.manual_seed(settings.seed)
 
     def reward(wf: Workflow, task: str) -> float:
         return synthetic_success(family[task], task, wf) - settings.node_cost * len(wf.nodes)
 
-    rewards = reinforce(planner, [t.text for t in train], reward, settings.steps, settings.lr, settings.seed,
-                        settings.samples, settings.explore, settings.temperature, settings.task_skip,
-                        settings.tasks_per_step, settings.skip_lr_scale)  # fmt: skip
+    rewards = train_generator(planner, [t.text for t in train], reward, settings)
     picked = {f: Counter("+".join(n.role for n in planner.generate(t.text).nodes) for t in test if t.family == f)
               for f in RIGHT}  # fmt: skip
     share = {f: sum(c for role, c in picked[f].items() if role in RIGHT[f]) / sum(picked[f].values()) for f in RIGHT}
