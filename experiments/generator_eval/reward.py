@@ -411,7 +411,7 @@ def main() -> None:
         type=int,
         default=None,
         help="another seed (tasks, sampling, training) as a replication: written to results/reward_seed<N>_*, "
-        "the README table is left alone",
+        "the README's main table is left alone (its replications table gains the seed's row)",
     )
     p.add_argument(
         "--lean",
