@@ -281,6 +281,31 @@ def bench_transport_cmd(
     out.print(table)
 
 
+@bench_app.command("verify-ceiling")
+@_user_errors
+def bench_verify_ceiling_cmd(
+    sizes: str = typer.Option("16MiB,64MiB,256MiB", help="Comma-separated transfer sizes."),
+    block_bytes: str = typer.Option("1MiB", help="Bytes per checksummed block."),
+    repeats: int = typer.Option(15, help="Timed runs per point (median reported)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """What checksum verification costs the receiving core: copy vs copy-then-hash vs hashing in cache."""
+    from graphflow.bench.transport import parse_size
+    from graphflow.bench.verify_ceiling import verify_ceiling
+
+    rows = verify_ceiling([parse_size(x) for x in sizes.split(",")], parse_size(block_bytes), repeats, _say(json_out))
+    if json_out:
+        _emit({"rows": rows})
+        return
+    table = Table("bytes", "copy GB/s", "copy then hash", "copy and hash (in cache)", "copy next to a hash",
+                  "that hash GB/s", title="verification ceiling (ratio to the copy alone)")  # fmt: skip
+    for r in rows:
+        table.add_row(f"{r['nbytes']:,}", f"{r['copy_gbps']:.2f}", f"{r['ratio_copy_then_hash']:.2f}",
+                      f"{r['ratio_copy_and_hash']:.2f}", f"{r['copy_slowdown_contended']:.2f}",
+                      f"{r['contending_hash_gbps']:.1f}")  # fmt: skip
+    out.print(table)
+
+
 @bench_app.command("catalog")
 @_user_errors
 def bench_catalog_cmd(
