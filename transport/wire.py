@@ -175,32 +175,40 @@ def verify_bytes(header: BlockHeader, got: int) -> None:
         )
 
 
+_SCHEMA_MESSAGE = HEADER_SCHEMA.serialize().to_pybytes()
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
 def encode_header(headers: Sequence[BlockHeader]) -> bytes:
-    """Serialize block headers to one Arrow IPC stream (columns built from numpy, not rows)."""
+    """Serialize block headers to one Arrow IPC stream: the schema message (serialized once),
+    one record batch built column by column from numpy, the end-of-stream marker."""
+    n = len(headers)
     batch = pa.RecordBatch.from_arrays(
         [
-            pa.array(np.fromiter((h.key for h in headers), np.uint64, len(headers))),
-            pa.array(np.fromiter((h.parent_key for h in headers), np.uint64, len(headers))),
-            pa.array(np.fromiter((h.position_offset for h in headers), np.int64, len(headers))),
+            pa.array(np.fromiter((h.key for h in headers), np.uint64, n)),
+            pa.array(np.fromiter((h.parent_key for h in headers), np.uint64, n)),
+            pa.array(np.fromiter((h.position_offset for h in headers), np.int64, n)),
             _list_column([h.token_ids for h in headers], np.int32),
             pa.array([h.dtype for h in headers], pa.string()),
             _list_column([h.shape for h in headers], np.int64),
-            pa.array(np.fromiter((h.nbytes for h in headers), np.int64, len(headers))),
-            pa.array(np.fromiter((h.checksum for h in headers), np.uint64, len(headers))),
+            pa.array(np.fromiter((h.nbytes for h in headers), np.int64, n)),
+            pa.array(np.fromiter((h.checksum for h in headers), np.uint64, n)),
         ],
         schema=HEADER_SCHEMA,
     )
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, HEADER_SCHEMA) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    return b"".join((_SCHEMA_MESSAGE, batch.serialize().to_pybytes(), _END_OF_STREAM))
 
 
 def _list_column(rows: Sequence[Sequence[int]], dtype: type[np.generic]) -> pa.ListArray:
-    lengths = np.fromiter((len(r) for r in rows), np.int32, len(rows))
-    offsets = np.zeros(len(rows) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.fromiter(itertools.chain.from_iterable(rows), dtype, int(offsets[-1]))
+    width = len(rows[0]) if rows else 0
+    if all(len(r) == width for r in rows):  # NOTE: the usual case, every row alike: no per-row lengths
+        offsets = np.arange(len(rows) + 1, dtype=np.int32) * np.int32(width)
+        values = np.array(rows, dtype).reshape(-1) if width else np.empty(0, dtype)
+    else:
+        lengths = np.fromiter((len(r) for r in rows), np.int32, len(rows))
+        offsets = np.zeros(len(rows) + 1, np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.fromiter(itertools.chain.from_iterable(rows), dtype, int(offsets[-1]))
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
@@ -214,14 +222,20 @@ def decode_header(data: bytes | memoryview, limits: WireLimits | None = None) ->
     if len(data) > limits.max_header_bytes:
         raise WireFormatError(f"header of {len(data)} bytes exceeds the limit {limits.max_header_bytes}")
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        reader = pa.ipc.open_stream(pa.py_buffer(data))
+        if not reader.schema.equals(HEADER_SCHEMA, check_metadata=False):
+            raise WireFormatError(f"header schema does not match wire version {WIRE_VERSION}: {reader.schema}")
+        batches = list(reader)
     except (pa.ArrowInvalid, OSError) as exc:
         raise WireFormatError(f"header is not a valid Arrow IPC stream: {exc}") from None
-    if not table.schema.equals(HEADER_SCHEMA, check_metadata=False):
-        raise WireFormatError(f"header schema does not match wire version {WIRE_VERSION}: {table.schema}")
-    if table.num_rows > limits.max_blocks:
-        raise WireFormatError(f"header announces {table.num_rows} blocks, limit is {limits.max_blocks}")
-    columns = _Columns(table.combine_chunks())
+    rows = sum(b.num_rows for b in batches)
+    if rows > limits.max_blocks:
+        raise WireFormatError(f"header announces {rows} blocks, limit is {limits.max_blocks}")
+    if rows == 0:
+        return []
+    if len(batches) != 1:  # NOTE: our encoder writes one batch; anything else is merged first
+        batches = pa.Table.from_batches(batches, HEADER_SCHEMA).combine_chunks().to_batches()
+    columns = _Columns(batches[0])
     columns.check_sizes(limits)
     return columns.rows()
 
@@ -229,43 +243,40 @@ def decode_header(data: bytes | memoryview, limits: WireLimits | None = None) ->
 class _Columns:
     """The header's columns as numpy arrays; validation and row building, vectorised."""
 
-    def __init__(self, table: pa.Table) -> None:
-        self.n = table.num_rows
+    _INTS = {"key": 0, "parent_key": 1, "position_offset": 2, "nbytes": 6, "checksum": 7}
+    _LISTS = {"token_ids": 3, "shape": 5}
 
-        def col(name: str) -> pa.Array:
-            chunks = table.column(name).chunks
-            return chunks[0] if chunks else pa.array([], HEADER_SCHEMA.field(name).type)
-
-        self.ints = {
-            name: col(name).to_numpy() for name in ("key", "parent_key", "position_offset", "nbytes", "checksum")
-        }
-        self.dtypes: list[str] = col("dtype").to_pylist()
-        self.lists = {
-            name: (col(name).offsets.to_numpy(), col(name).values.to_numpy()) for name in ("token_ids", "shape")
-        }
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        self.n = batch.num_rows
+        self.ints = {name: batch.column(i).to_numpy() for name, i in self._INTS.items()}
+        self.dtypes: list[str] = batch.column(4).to_pylist()
+        self.lists = {}
+        for name, i in self._LISTS.items():
+            col = batch.column(i)
+            self.lists[name] = (col.offsets.to_numpy(), col.values.to_numpy())
 
     def check_sizes(self, limits: WireLimits) -> None:
         offsets, dims = self.lists["shape"]
         if self.n == 0:
             return
+        dims = dims[offsets[0] : offsets[-1]]
         if (dims < 0).any() or (dims > _MAX_DIM).any():
-            row = int(np.searchsorted(offsets, int(np.argmax((dims < 0) | (dims > _MAX_DIM))), "right")) - 1
+            first_bad = offsets[0] + int(np.argmax((dims < 0) | (dims > _MAX_DIM)))
+            row = int(np.searchsorted(offsets, first_bad, "right")) - 1
             raise WireFormatError(f"block {int(self.ints['key'][row]):016x}: shape has a dimension out of range")
-        lengths = np.diff(offsets)
-        itemsizes = np.array([_ITEMSIZE.get(d) or dtype_from_name(d).itemsize for d in self.dtypes], np.float64)
+        kinds = set(self.dtypes)
+        itemsizes: float | np.ndarray
+        if len(kinds) == 1:  # NOTE: the usual case, one dtype for every block
+            itemsizes = float(_ITEMSIZE.get(self.dtypes[0]) or dtype_from_name(self.dtypes[0]).itemsize)
+        else:
+            itemsizes = np.array([_ITEMSIZE.get(d) or dtype_from_name(d).itemsize for d in self.dtypes], np.float64)
         # NOTE: products in float64 first, so an absurd shape cannot wrap around int64
-        logical = np.ones(self.n, np.float64)
-        ends = offsets[1:]
-        nonempty = lengths > 0
-        if nonempty.any():
-            prods = np.multiply.reduceat(dims[: offsets[-1]].astype(np.float64), offsets[:-1][nonempty])
-            logical[nonempty] = prods
-        expected = logical * itemsizes
+        expected = self._shape_products(offsets, dims) * itemsizes
         nbytes = self.ints["nbytes"]
         bad = (expected > 2.0**62) | (expected != nbytes.astype(np.float64)) | (nbytes < 0)
         if bad.any():
             i = int(np.argmax(bad))
-            shape = tuple(dims[offsets[i] : ends[i]].tolist())
+            shape = tuple(dims[offsets[i] - offsets[0] : offsets[i + 1] - offsets[0]].tolist())
             key = int(self.ints["key"][i])
             what = f"nbytes {int(nbytes[i])} does not match shape {shape} × {self.dtypes[i]}"
             raise WireFormatError(f"block {key:016x}: {what}")
@@ -274,6 +285,18 @@ class _Columns:
             raise WireFormatError(
                 f"header announces {total} bytes, limit is {limits.max_total_bytes}; refusing to allocate"
             )
+
+    def _shape_products(self, offsets: np.ndarray, dims: np.ndarray) -> np.ndarray:
+        """Each row's product of dimensions (1 for a scalar), in float64."""
+        lengths = np.diff(offsets)
+        width = int(lengths[0])
+        if (lengths == width).all():
+            return dims.astype(np.float64).reshape(self.n, width).prod(axis=1)
+        logical = np.ones(self.n, np.float64)
+        nonempty = lengths > 0
+        if nonempty.any():
+            logical[nonempty] = np.multiply.reduceat(dims.astype(np.float64), (offsets[:-1] - offsets[0])[nonempty])
+        return logical
 
     def rows(self) -> list[BlockHeader]:
         return [

@@ -73,6 +73,24 @@ def test_ucx_sender_killed_mid_transfer_times_out(tmp_path):
 
 
 @pytest.mark.mpi
+def test_mpi_same_host_sender_writes_into_the_receiver(tmp_path):
+    cmd = mpirun_command(2) + [sys.executable, "-m", "tests.integration.helpers.mpi_single_copy", str(tmp_path)]
+    proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads((tmp_path / "outcome.json").read_text())
+    sender = json.loads((tmp_path / "sender.json").read_text())
+    assert got["single_copy_peers"] == [0] and sender["single_copy_peers"] == [1]
+    assert got["off_peers"] == [] and sender["off_peers"] == []
+    assert got["on"] == {"equal": True} and got["off"] == {"equal": True}
+    assert got["written_by_sender"] == [1, 0]  # the second transport sent through MPI's own path
+    assert got["flipped"] == "ChecksumMismatch"
+    # a receive that gave up: the late sender refuses to write, the receive tensors stay as they were
+    assert got["abandoned"] == "TransferTimeout"
+    assert sender["late"] == "TransportError"
+    assert got["into_untouched"] is True
+
+
+@pytest.mark.mpi
 def test_mpi_rank_killed_mid_transfer_ends_the_world(tmp_path):
     cmd = mpirun_command(2) + [sys.executable, "-m", "tests.integration.helpers.dying_sender", "mpi", str(tmp_path)]
     start = time.monotonic()

@@ -76,6 +76,21 @@ def test_rows_of_different_ranks_round_trip():
     assert decode_header(encode_header([])) == []
 
 
+def test_header_is_one_arrow_stream_and_any_stream_of_that_schema_decodes():
+    import pyarrow as pa
+
+    rows = [_header(torch.zeros(2, 3), key=k, dtype=d, nbytes=6 * s) for k, d, s in ((1, "float32", 4), (2, "int8", 1))]
+    table = pa.ipc.open_stream(encode_header(rows)).read_all()
+    assert table.column("key").to_pylist() == [1, 2] and table.column("dtype").to_pylist() == ["float32", "int8"]
+    sink = pa.BufferOutputStream()  # NOTE: another writer may cut the rows into several batches
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=1):
+            writer.write_batch(batch)
+    assert decode_header(sink.getvalue().to_pybytes()) == rows
+    with pytest.raises(WireFormatError, match="does not match shape"):
+        decode_header(encode_header([*rows, _header(torch.zeros(2, 3), dtype="int8", nbytes=24)]))
+
+
 def test_shapes_that_would_overflow_are_rejected():
     wraps = _header(torch.zeros(1), shape=(1 << 32, 1 << 32), nbytes=0)  # product wraps int64 to 0
     with pytest.raises(WireFormatError, match="does not match"):
