@@ -25,7 +25,7 @@ writes the bytes itself (local) may hash them as it writes and report the digest
 message, so verification does not read the bytes a second time. Data messages go through
 ``_send_data``/``_recv_data`` (by default the same primitives), where a backend may move the
 bytes another way (MPI: the sender writes them into a same-host receiver, ``transport.cma``)
-and ``_message_bytes`` may cut them finer; both sides derive both from the spec.
+and ``_message_runs`` may cut them finer; both sides derive both from the spec.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from transport.base import Received, TransferSpec, TransferStats, Transport, che
 from transport.errors import WireFormatError
 from transport.memory import host_arena
 from transport.wire import (
-    MESSAGE_BYTES,
     WIRE_VERSION,
     BlockHeader,
     decode_header,
@@ -121,10 +120,10 @@ class MessageTransport(Transport):
     def _sent(self, spec: TransferSpec) -> None:  # noqa: B027 - optional hook
         """Called when a send ends, however it ends (drop per-transfer state)."""
 
-    def _message_bytes(self, spec: TransferSpec) -> int:
-        """The most bytes one data message carries (a pure function of the spec, so that
-        both sides cut a transfer the same way)."""
-        return MESSAGE_BYTES
+    def _message_runs(self, spec: TransferSpec) -> list[range]:
+        """The blocks each data message carries (a pure function of the spec, so that both
+        sides cut a transfer the same way); :func:`transport.layout.message_runs` by default."""
+        return message_runs(spec.nbytes)
 
     # ---- control messages ------------------------------------------------------------------
     def send_control(self, peer: str, channel: int, data: bytes) -> None:
@@ -150,7 +149,7 @@ class MessageTransport(Transport):
         start = time.perf_counter()
         ptrs = [t.data_ptr() for t in host]
         staging: list[torch.Tensor] = []  # NOTE: gathered runs must outlive the send
-        runs = message_runs(spec.nbytes, self._message_bytes(spec))
+        runs = self._message_runs(spec)
         data = [(2 + m, _outbound(run, ptrs, spec.nbytes, host, staging)) for m, run in enumerate(runs)]
 
         async def run() -> None:
@@ -191,7 +190,7 @@ class MessageTransport(Transport):
         # NOTE: receives are posted before the header arrives (sizes come from the local spec,
         # already checked against the limits), so the header's latency and decoding overlap
         # the data; each run is verified once both it and the header are in.
-        runs = message_runs(spec.nbytes, self._message_bytes(spec))
+        runs = self._message_runs(spec)
         inbound = [_landing(run, spec.nbytes, into, into_ptrs) for run in runs]
         known: list[BlockHeader] = []
         pending: list[tuple[int, Sequence[int] | None]] = []

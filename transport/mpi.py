@@ -43,7 +43,7 @@ import numpy as np
 from transport import cma
 from transport.base import TransferSpec, TransportConfig
 from transport.errors import PeerUnreachable, TransportError
-from transport.layout import message_runs
+from transport.layout import split_runs
 from transport.message import Landed, MessageTransport
 
 __all__ = ["SINGLE_COPY_MESSAGE_BYTES", "MpiTransport"]
@@ -200,10 +200,11 @@ class MpiTransport(MessageTransport):
         enough that the plan's round trip pays for itself)."""
         return spec.total_bytes >= SINGLE_COPY_MIN_BYTES and self._peer(spec) in self._single_copy
 
-    def _message_bytes(self, spec: TransferSpec) -> int:
-        if self._single_copy_for(spec):
-            return SINGLE_COPY_MESSAGE_BYTES
-        return super()._message_bytes(spec)
+    def _message_runs(self, spec: TransferSpec) -> list[range]:
+        runs = super()._message_runs(spec)
+        if self._single_copy_for(spec):  # NOTE: finer, so the last message's hash is short
+            return split_runs(runs, spec.nbytes, SINGLE_COPY_MESSAGE_BYTES)
+        return runs
 
     async def _recv_data(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Landed) -> None:
         peer = self._peer(spec)
@@ -265,7 +266,7 @@ class MpiTransport(MessageTransport):
         key = (peer, spec.transfer_id)
         task = self._plans.get(key)
         if task is None:
-            words = np.empty(_Plan.words(len(self._runs(spec))), np.int64)
+            words = np.empty(_Plan.words(len(self._message_runs(spec))), np.int64)
             request = self._comm.Irecv([words, self._mpi.INT64_T], source=peer, tag=self._tag(spec, _PLAN_SEQ))
 
             async def fetch() -> _Plan:
@@ -274,9 +275,6 @@ class MpiTransport(MessageTransport):
 
             task = self._plans[key] = asyncio.ensure_future(fetch())
         return task
-
-    def _runs(self, spec: TransferSpec) -> list[range]:
-        return message_runs(spec.nbytes, self._message_bytes(spec))
 
     def _sent(self, spec: TransferSpec) -> None:
         task = self._plans.pop((self._peer(spec), spec.transfer_id), None)
