@@ -16,6 +16,7 @@ pre-allocated torch tensor and verifies its xxh3-64 checksum.
 from __future__ import annotations
 
 import itertools
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -235,9 +236,41 @@ def decode_header(data: bytes | memoryview, limits: WireLimits | None = None) ->
         return []
     if len(batches) != 1:  # NOTE: our encoder writes one batch; anything else is merged first
         batches = pa.Table.from_batches(batches, HEADER_SCHEMA).combine_chunks().to_batches()
-    columns = _Columns(batches[0])
+    batch = batches[0]
+    if any(column.null_count for column in batch.columns):
+        raise WireFormatError("header has empty (null) fields; every block needs all of its metadata")
+    if rows <= _FEW_ROWS:
+        return _few_rows(batch, limits)
+    columns = _Columns(batch)
     columns.check_sizes(limits)
     return columns.rows()
+
+
+_FEW_ROWS = 32
+
+
+def _few_rows(batch: pa.RecordBatch, limits: WireLimits) -> list[BlockHeader]:
+    """The rows of a small header, checked as :class:`_Columns` checks a big one, on Python
+    values: for a handful of rows numpy's per-call cost is more than the loop it replaces."""
+    out, total = [], 0
+    columns = [c.to_pylist() for c in batch.columns]
+    for key, parent, offset, tokens, dtype, shape, nbytes, digest in zip(*columns, strict=True):
+        if any(d < 0 or d > _MAX_DIM for d in shape):
+            raise WireFormatError(f"block {key:016x}: shape has a dimension out of range")
+        expected = math.prod(shape) * (_ITEMSIZE.get(dtype) or dtype_from_name(dtype).itemsize)
+        if expected > 2**62 or expected != nbytes or nbytes < 0:
+            raise WireFormatError(f"block {key:016x}: nbytes {nbytes} does not match shape {tuple(shape)} × {dtype}")
+        total += nbytes
+        out.append(BlockHeader(key, parent, offset, tuple(tokens), dtype, tuple(shape), nbytes, digest))
+    _check_total(total, limits)
+    return out
+
+
+def _check_total(total: int, limits: WireLimits) -> None:
+    if total > limits.max_total_bytes:
+        raise WireFormatError(
+            f"header announces {total} bytes, limit is {limits.max_total_bytes}; refusing to allocate"
+        )
 
 
 class _Columns:
@@ -280,11 +313,7 @@ class _Columns:
             key = int(self.ints["key"][i])
             what = f"nbytes {int(nbytes[i])} does not match shape {shape} × {self.dtypes[i]}"
             raise WireFormatError(f"block {key:016x}: {what}")
-        total = int(nbytes.sum())
-        if total > limits.max_total_bytes:
-            raise WireFormatError(
-                f"header announces {total} bytes, limit is {limits.max_total_bytes}; refusing to allocate"
-            )
+        _check_total(int(nbytes.sum()), limits)
 
     def _shape_products(self, offsets: np.ndarray, dims: np.ndarray) -> np.ndarray:
         """Each row's product of dimensions (1 for a scalar), in float64."""

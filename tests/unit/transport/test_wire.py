@@ -113,3 +113,32 @@ def test_copy_with_digests_refuses_sizes_that_do_not_cover_the_source():
     src = torch.zeros(10, dtype=torch.uint8)
     with pytest.raises(ValueError, match="do not match"):
         copy_with_digests(torch.zeros(10, dtype=torch.uint8).numpy().data, src.numpy().data, [4, 4])
+
+
+@pytest.mark.parametrize("padding", [0, 40], ids=["few-rows", "many-rows"])  # NOTE: both decode paths
+def test_every_check_holds_for_small_and_big_headers(padding):
+    ok = [_header(torch.zeros(2, 3), key=100 + i, token_ids=tuple(range(i % 3))) for i in range(padding)]
+    mixed = [*ok, _header(torch.zeros(5), key=8, token_ids=(), shape=(5,), nbytes=20, dtype="float32")]
+    assert decode_header(encode_header(mixed)) == mixed
+    cases = {
+        "refusing to allocate": _header(torch.zeros(1), shape=(1 << 38,), nbytes=(1 << 38) * 4),
+        "does not match shape": _header(torch.zeros(4), nbytes=3),
+        "does not match": _header(torch.zeros(1), shape=(1 << 32, 1 << 32), nbytes=0),
+        "out of range": _header(torch.zeros(1), shape=(1 << 41,), nbytes=(1 << 41) * 4),
+        "unsupported dtype": _header(torch.zeros(1), dtype="complex32"),
+    }
+    for message, bad in cases.items():
+        with pytest.raises(WireFormatError, match=message):
+            decode_header(encode_header([*ok, bad]))
+
+
+def test_null_fields_are_a_wire_error():
+    import pyarrow as pa
+
+    table = pa.ipc.open_stream(encode_header([_header(torch.zeros(1))])).read_all()
+    nulled = table.set_column(7, table.schema.field(7), pa.array([None], pa.uint64()))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, nulled.schema) as writer:
+        writer.write_table(nulled)
+    with pytest.raises(WireFormatError, match="null"):
+        decode_header(sink.getvalue().to_pybytes())
