@@ -11,31 +11,18 @@ non-contiguous datatypes through its two-copy path.)
 
 Between ranks on one host, Open MPI's shared-memory path has the *receiving* rank copy each
 message (``process_vm_readv``) inside its progress call, so the receiver's core copies and
-then verifies, one after the other. Here the *sender* writes instead (:mod:`transport.cma`),
-and MPI carries only the plan and the notices::
-
-    receiver                                   sender
-    post notice receives, Isend plan ───────▶  (token address, [seq, address, nbytes] …)
-                                               per data message: check the token,
-                                               process_vm_writev into the receiver,
-    notice m lands ◀────────────────────────   Isend notice m (1 byte: written / failed)
-    verify message m   ║  sender writes m+1
-
-so the receiver verifies message m while the sender's core writes m+1 (messages of
-``SINGLE_COPY_MESSAGE_BYTES``). The pairs that can do this are found once, when the transport
-is created (collectively): each rank reads a random cookie out of every other rank
-(:class:`transport.cma.Cookie`), and a pair uses it only when both directions work. A receive
-that ends early (deadline, error) clears its token, so a sender that has not started a message
-yet will not write it; buffers of an abandoned receive stay referenced until ``close()``.
+then verifies, one after the other. Transfers of ≥ 4 MiB between such ranks are written by the
+sender instead (:mod:`transport.single_copy`), so the receiver verifies while the bytes move.
+The pairs that may do this are found once, when the transport is created (collectively): each
+rank reads a random cookie out of every other rank (:class:`transport.cma.Cookie`), and a pair
+uses it only when both directions work and both ranks allow it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,41 +30,18 @@ import numpy as np
 from transport import cma
 from transport.base import TransferSpec, TransportConfig
 from transport.errors import PeerUnreachable, TransportError
-from transport.layout import split_runs
-from transport.message import Landed, MessageTransport
+from transport.single_copy import Sends, SingleCopyTransport, single_copy_allowed
 
-__all__ = ["SINGLE_COPY_MESSAGE_BYTES", "MpiTransport"]
+__all__ = ["MpiTransport"]
 
 _SEQ_BITS = 20
 _SPIN_S = 2.0
-_PLAN_SEQ = (1 << _SEQ_BITS) - 2
-_WRITTEN, _FAILED = 1, 2
-SINGLE_COPY_MESSAGE_BYTES = 2 << 20
-SINGLE_COPY_MIN_BYTES = 4 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """Where a same-host receiver wants each data message written (see the module doc)."""
-
-    token_address: int
-    token: int
-    targets: dict[int, tuple[int, int]]  # seq -> (address, nbytes) in the receiver
-
-    @staticmethod
-    def words(messages: int) -> int:
-        return 2 + 3 * messages
-
-    @classmethod
-    def decode(cls, words: np.ndarray) -> _Plan:
-        rows = words[2:].reshape(-1, 3).tolist()
-        return cls(int(words[0]), int(words[1]), {seq: (addr, n) for seq, addr, n in rows})
-
-
-class MpiTransport(MessageTransport):
+class MpiTransport(SingleCopyTransport):
     """Args: ``comm``: communicator to duplicate (default ``MPI.COMM_WORLD``); creating the
     transport is collective over it. ``single_copy``: let same-host senders write into the
-    receiver (module doc); ``None`` reads ``GRAPHFLOW_MPI_SINGLE_COPY`` (``0`` turns it off),
+    receiver (module doc); ``None`` reads ``GRAPHFLOW_SINGLE_COPY`` (``0`` turns it off),
     default on. A pair uses it only if both ranks allow it."""
 
     name = "mpi"
@@ -93,16 +57,10 @@ class MpiTransport(MessageTransport):
         self._size = self._comm.Get_size()
         # NOTE: any thread may drive MPI only at MPI_THREAD_MULTIPLE (mpi4py asks for it)
         self.runs_on_caller = MPI.Query_thread() == MPI.THREAD_MULTIPLE
-        if single_copy is None:
-            single_copy = os.environ.get("GRAPHFLOW_MPI_SINGLE_COPY", "1") != "0"
-        self._cookie = cma.Cookie()
-        self._pids, self._single_copy = self._single_copy_peers(single_copy)
-        self._plans: dict[tuple[int, int], asyncio.Task[_Plan]] = {}
-        self._orphans: list[Any] = []
-        self.single_copy_receives = 0  # NOTE: transfers this rank received written by their sender
+        self._single_copy = self._single_copy_peers(single_copy_allowed(single_copy))
 
-    def _single_copy_peers(self, allowed: bool) -> tuple[list[int], frozenset[int]]:
-        """Every rank's pid, and the ranks this one can write to and be written by (collective)."""
+    def _single_copy_peers(self, allowed: bool) -> frozenset[int]:
+        """The ranks this one can write to and be written by (collective)."""
         mine = np.frombuffer(np.int64(self._cookie.pid).tobytes() + np.int64(self._cookie.address).tobytes()
                              + self._cookie.value, np.int64)  # fmt: skip
         everyone = np.empty((self._size, mine.size), np.int64)
@@ -113,8 +71,7 @@ class MpiTransport(MessageTransport):
             reach[p] = allowed and p != self._rank and cma.Cookie.reachable(pid, address, value)
         both = np.empty((self._size, self._size), np.uint8)
         self._comm.Allgather(reach, both)
-        pairs = frozenset(p for p in range(self._size) if both[self._rank, p] and both[p, self._rank])
-        return everyone[:, 0].tolist(), pairs
+        return frozenset(p for p in range(self._size) if both[self._rank, p] and both[p, self._rank])
 
     @property
     def single_copy_peers(self) -> frozenset[int]:
@@ -194,93 +151,28 @@ class MpiTransport(MessageTransport):
         requests = [self._comm.Irecv([buf, byte], source=peer, tag=self._tag(spec, seq)) for seq, buf in msgs]
         await self._wait(requests, landed)
 
-    # ---- same-host single copy (module doc) -------------------------------------------------
-    def _single_copy_for(self, spec: TransferSpec) -> bool:
-        """Whether this transfer's data is written by the sender (same-host pair, and big
-        enough that the plan's round trip pays for itself)."""
-        return spec.total_bytes >= SINGLE_COPY_MIN_BYTES and self._peer(spec) in self._single_copy
+    def _single_copy_pair(self, spec: TransferSpec) -> bool:
+        return self._peer(spec) in self._single_copy
 
-    def _message_runs(self, spec: TransferSpec) -> list[range]:
-        runs = super()._message_runs(spec)
-        if self._single_copy_for(spec):  # NOTE: finer, so the last message's hash is short
-            return split_runs(runs, spec.nbytes, SINGLE_COPY_MESSAGE_BYTES)
-        return runs
-
-    async def _recv_data(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Landed) -> None:
-        peer = self._peer(spec)
-        if not self._single_copy_for(spec):
-            return await self._recv_msgs(spec, msgs, landed)
-        token = np.array([spec.transfer_id + 1], np.int64)
-        plan = np.array([token.ctypes.data, int(token[0])] + [
-            x for seq, buf in msgs for x in (seq, np.frombuffer(buf, np.uint8).ctypes.data, buf.nbytes)
-        ], np.int64)  # fmt: skip
-        notices = np.zeros(len(msgs), np.uint8)
-        byte = self._mpi.BYTE
-        requests = [self._comm.Irecv([notices[i : i + 1], byte], source=peer, tag=self._tag(spec, seq))
-                    for i, (seq, _) in enumerate(msgs)]  # fmt: skip
-        requests.append(self._comm.Isend([plan, self._mpi.INT64_T], dest=peer, tag=self._tag(spec, _PLAN_SEQ)))
-
-        def written(i: int) -> None:
-            if i == len(msgs):
-                return
-            if notices[i] != _WRITTEN:
-                raise TransportError(f"mpi: rank {peer} could not write message {msgs[i][0]} into this rank")
-            landed(i)
-
-        finished = False
-        try:
-            await self._wait(requests, written)
-            finished = True
-            self.single_copy_receives += 1
-        finally:
-            token[0] = 0  # NOTE: a sender that has not begun a message now refuses to write it
-            if not finished:
-                self._orphans.append((token, plan, [buf for _, buf in msgs]))
-
-    async def _send_data(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]]) -> None:
-        peer = self._peer(spec)
-        if not self._single_copy_for(spec) or not msgs:
-            return await self._send_msgs(spec, msgs)
-        plan = await asyncio.shield(self._plan(spec, peer))
-        token = np.int64(plan.token).tobytes()
-        status = np.array([_WRITTEN, _FAILED], np.uint8)
-        notices = []
-        for seq, buf in msgs:
-            address, room = plan.targets.get(seq, (0, -1))
-            if room < buf.nbytes:
-                raise TransportError(f"mpi: rank {peer} planned no room for message {seq} of {buf.nbytes} bytes")
-            try:
-                if cma.read(self._pids[peer], plan.token_address, len(token)) != token:
-                    raise TransportError(f"mpi: rank {peer} no longer waits for transfer {spec.transfer_id}")
-                cma.write(self._pids[peer], address, np.frombuffer(buf, np.uint8).ctypes.data, buf.nbytes)
-            except cma.CrossMemoryError as exc:
-                self._comm.Isend([status[1:], self._mpi.BYTE], dest=peer, tag=self._tag(spec, seq))
-                raise TransportError(f"mpi: writing message {seq} into rank {peer} failed: {exc}") from None
-            notices.append(self._comm.Isend([status[:1], self._mpi.BYTE], dest=peer, tag=self._tag(spec, seq)))
-            await asyncio.sleep(0)
-        await self._wait(notices)
-
-    def _plan(self, spec: TransferSpec, peer: int) -> asyncio.Future[_Plan]:
-        """The receiver's plan for this transfer, fetched once however many sends need it.
-        NOTE: the receive is posted at once, so the plan lands while the header is encoded."""
-        key = (peer, spec.transfer_id)
-        task = self._plans.get(key)
-        if task is None:
-            words = np.empty(_Plan.words(len(self._message_runs(spec))), np.int64)
-            request = self._comm.Irecv([words, self._mpi.INT64_T], source=peer, tag=self._tag(spec, _PLAN_SEQ))
-
-            async def fetch() -> _Plan:
-                await self._wait([request])
-                return _Plan.decode(words)
-
-            task = self._plans[key] = asyncio.ensure_future(fetch())
-        return task
-
-    def _sent(self, spec: TransferSpec) -> None:
-        task = self._plans.pop((self._peer(spec), spec.transfer_id), None)
-        if task is not None:
-            task.cancel()
+    def _sends(self, spec: TransferSpec) -> Sends:
+        return _RequestSends(self, spec)
 
     async def _aclose(self) -> None:
-        self._orphans.clear()
+        await super()._aclose()
         self._comm.Free()
+
+
+class _RequestSends(Sends):
+    """``Isend`` each message as it is posted; one progress loop waits for them all (a task
+    per message would poll MPI once per task and loop turn)."""
+
+    def __init__(self, transport: MpiTransport, spec: TransferSpec) -> None:
+        self._t, self._spec, self._peer = transport, spec, transport._peer(spec)
+        self._requests: list[Any] = []
+
+    def post(self, seq: int, buf: memoryview) -> None:
+        t = self._t
+        self._requests.append(t.comm.Isend([buf, t._mpi.BYTE], dest=self._peer, tag=t._tag(self._spec, seq)))
+
+    async def done(self) -> None:
+        await self._t._wait(self._requests)

@@ -82,7 +82,8 @@ def test_mpi_same_host_sender_writes_into_the_receiver(tmp_path):
     assert got["single_copy_peers"] == [0] and sender["single_copy_peers"] == [1]
     assert got["off_peers"] == [] and sender["off_peers"] == []
     assert got["on"] == {"equal": True} and got["off"] == {"equal": True}
-    assert got["written_by_sender"] == [1, 0]  # the second transport sent through MPI's own path
+    assert sender["written"] == [4, 0]  # 7 MiB in 2 MiB messages; the second transport used MPI's own copy
+    assert got["refused"] == {"equal": True} and sender["refused_writes"] == 0
     assert got["flipped"] == "ChecksumMismatch"
     # a receive that gave up: the late sender refuses to write, the receive tensors stay as they were
     assert got["abandoned"] == "TransferTimeout"

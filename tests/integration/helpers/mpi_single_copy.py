@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
+from transport import cma
 from transport.base import TransferSpec, TransportConfig
 from transport.errors import ChecksumMismatch, TransportError
-from transport.mpi import SINGLE_COPY_MIN_BYTES, MpiTransport
+from transport.mpi import MpiTransport
+from transport.single_copy import SINGLE_COPY_MIN_BYTES
 from transport.wire import BlockHeader, checksum
 
 BLOCK = 1 << 20
@@ -51,7 +53,7 @@ def main() -> None:
     out["off_peers"] = sorted(off.single_copy_peers)
     out["on"] = run(on, 1, 11)
     out["off"] = run(off, 2, 12)
-    out["written_by_sender"] = [on.single_copy_receives, off.single_copy_receives]
+    out["written"] = [on.single_copy_writes, off.single_copy_writes]
     headers, tensors = blocks(3)
     if rank == 0:  # a block whose bytes are not what its header announces
         bad = [h if i != 5 else dataclasses.replace(h, checksum=h.checksum ^ 1) for i, h in enumerate(headers)]
@@ -78,6 +80,15 @@ def main() -> None:
             out["abandoned"] = type(exc).__name__
         on.comm.Barrier()
         out["into_untouched"] = all(int(t.count_nonzero()) == 0 for t in into)
+
+    # a sender that cannot write (here: every write refused) sends the bytes as messages instead
+    def refuse(*_args: object) -> None:
+        raise cma.CrossMemoryError(1, "not permitted")
+
+    cma.write = refuse  # type: ignore[assignment]
+    written = on.single_copy_writes
+    out["refused"] = run(on, 4, 15)
+    out["refused_writes"] = on.single_copy_writes - written
     on.close()
     off.close()
     if rank == 1:
