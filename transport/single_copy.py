@@ -49,7 +49,7 @@ from transport.message import Landed, MessageTransport
 
 __all__ = ["SINGLE_COPY_MESSAGE_BYTES", "SINGLE_COPY_MIN_BYTES", "Sends", "SingleCopyTransport", "single_copy_allowed"]
 
-SINGLE_COPY_MESSAGE_BYTES = 2 << 20
+SINGLE_COPY_MESSAGE_BYTES = 4 << 20
 SINGLE_COPY_MIN_BYTES = 4 << 20
 _PLAN_SEQ = (1 << 20) - 2
 _FIXED_WORDS = 6
