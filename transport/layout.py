@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["MESSAGE_BYTES", "message_runs", "split_runs"]
+__all__ = ["MESSAGE_BYTES", "message_runs"]
 
 MESSAGE_BYTES = 8 << 20
 
@@ -31,14 +31,3 @@ def message_runs(nbytes: Sequence[int], max_message_bytes: int = MESSAGE_BYTES) 
     if len(nbytes) > lo:
         runs.append(range(lo, len(nbytes)))
     return runs
-
-
-def split_runs(runs: Sequence[range], nbytes: Sequence[int], max_message_bytes: int) -> list[range]:
-    """Each run cut again into runs of at most ``max_message_bytes`` (a bigger block alone):
-    a finer cut that never crosses a boundary of ``runs``, so memory laid out for ``runs``
-    (:mod:`transport.memory`) stays back to back within every piece."""
-    return [
-        range(run.start + piece.start, run.start + piece.stop)
-        for run in runs
-        for piece in message_runs(nbytes[run.start : run.stop], max_message_bytes)
-    ]

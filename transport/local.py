@@ -24,7 +24,7 @@ import numpy as np
 from transport.base import TransferSpec, TransportConfig, start_loop_thread
 from transport.errors import PeerUnreachable, WireFormatError
 from transport.message import Landed, MessageTransport
-from transport.wire import copy_with_digests
+from transport.wire import copy_with_digests, message_runs
 
 __all__ = ["LocalTransport"]
 
@@ -139,7 +139,7 @@ class LocalTransport(MessageTransport):
 
     async def _recv_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Landed) -> None:
         self._check_peer(spec.peer)
-        runs = self._message_runs(spec)
+        runs = message_runs(spec.nbytes)
         for i, (seq, buf) in enumerate(msgs):
             sizes = [spec.nbytes[b] for b in runs[seq - 2]] if 2 <= seq < 2 + len(runs) else None
             landed(i, await self._land(spec, seq, buf, sizes))

@@ -3,8 +3,8 @@
 ```
 seq 0     preamble (magic, version, header_len) + the header when it fits (first_message_bytes)
 seq 1     the header (Arrow IPC, one row per block), only when it did not fit in seq 0
-seq 2+m   data message m: the bytes of a run of consecutive blocks, at most MESSAGE_BYTES (8 MiB;
-          a backend may cut finer; transport.layout.message_runs; a bigger block travels alone)
+seq 2+m   data message m: the bytes of a run of consecutive blocks, at most MESSAGE_BYTES
+          (transport.layout.message_runs; a bigger block travels alone)
 ```
 
 The runs are a pure function of the block sizes, which both sides know from the transfer spec,
@@ -25,7 +25,7 @@ writes the bytes itself (local) may hash them as it writes and report the digest
 message, so verification does not read the bytes a second time. Data messages go through
 ``_send_data``/``_recv_data`` (by default the same primitives), where a backend may move the
 bytes another way (MPI: the sender writes them into a same-host receiver, ``transport.cma``)
-and ``_message_runs`` may cut them finer; both sides derive both from the spec.
+and both sides must agree on it from the spec.
 """
 
 from __future__ import annotations
@@ -120,11 +120,6 @@ class MessageTransport(Transport):
     def _sent(self, spec: TransferSpec) -> None:  # noqa: B027 - optional hook
         """Called when a send ends, however it ends (drop per-transfer state)."""
 
-    def _message_runs(self, spec: TransferSpec) -> list[range]:
-        """The blocks each data message carries (a pure function of the spec, so that both
-        sides cut a transfer the same way); :func:`transport.layout.message_runs` by default."""
-        return message_runs(spec.nbytes)
-
     # ---- control messages ------------------------------------------------------------------
     def send_control(self, peer: str, channel: int, data: bytes) -> None:
         """Send a small control message (acks, barriers) on ``channel`` (any int ≥ 0)."""
@@ -149,7 +144,7 @@ class MessageTransport(Transport):
         start = time.perf_counter()
         ptrs = [t.data_ptr() for t in host]
         staging: list[torch.Tensor] = []  # NOTE: gathered runs must outlive the send
-        runs = self._message_runs(spec)
+        runs = message_runs(spec.nbytes)
         data = [(2 + m, _outbound(run, ptrs, spec.nbytes, host, staging)) for m, run in enumerate(runs)]
 
         async def run() -> None:
@@ -190,7 +185,7 @@ class MessageTransport(Transport):
         # NOTE: receives are posted before the header arrives (sizes come from the local spec,
         # already checked against the limits), so the header's latency and decoding overlap
         # the data; each run is verified once both it and the header are in.
-        runs = self._message_runs(spec)
+        runs = message_runs(spec.nbytes)
         inbound = [_landing(run, spec.nbytes, into, into_ptrs) for run in runs]
         known: list[BlockHeader] = []
         pending: list[tuple[int, Sequence[int] | None]] = []

@@ -44,12 +44,11 @@ import numpy as np
 from transport import cma
 from transport.base import TransferSpec, TransportConfig
 from transport.errors import TransportError
-from transport.layout import split_runs
+from transport.layout import message_runs
 from transport.message import Landed, MessageTransport
 
-__all__ = ["SINGLE_COPY_MESSAGE_BYTES", "SINGLE_COPY_MIN_BYTES", "Sends", "SingleCopyTransport", "single_copy_allowed"]
+__all__ = ["SINGLE_COPY_MIN_BYTES", "Sends", "SingleCopyTransport", "single_copy_allowed"]
 
-SINGLE_COPY_MESSAGE_BYTES = 4 << 20
 SINGLE_COPY_MIN_BYTES = 4 << 20
 _PLAN_SEQ = (1 << 20) - 2
 _FIXED_WORDS = 6
@@ -122,12 +121,6 @@ class SingleCopyTransport(MessageTransport):
     def _single_copy_for(self, spec: TransferSpec) -> bool:
         return spec.total_bytes >= SINGLE_COPY_MIN_BYTES and self._single_copy_pair(spec)
 
-    def _message_runs(self, spec: TransferSpec) -> list[range]:
-        runs = super()._message_runs(spec)
-        if self._single_copy_for(spec):  # NOTE: finer, so the last message's hash is short
-            return split_runs(runs, spec.nbytes, SINGLE_COPY_MESSAGE_BYTES)
-        return runs
-
     async def _recv_data(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Landed) -> None:
         if not self._single_copy_for(spec):
             return await self._recv_msgs(spec, msgs, landed)
@@ -189,7 +182,7 @@ class SingleCopyTransport(MessageTransport):
         key = (spec.peer, spec.transfer_id)
         task = self._plans.get(key)
         if task is None:
-            words = np.empty(_Plan.words(len(self._message_runs(spec))), np.int64)
+            words = np.empty(_Plan.words(len(message_runs(spec.nbytes))), np.int64)
 
             async def fetch() -> _Plan:
                 await self._recv_msgs(spec, [(_PLAN_SEQ, words.view(np.uint8).data)], lambda _i, _d=None: None)

@@ -17,8 +17,8 @@ import torch
 from transport import cma
 from transport.base import TransferSpec, TransportConfig
 from transport.errors import ChecksumMismatch, TransportError
+from transport.layout import MESSAGE_BYTES
 from transport.mpi import MpiTransport
-from transport.single_copy import SINGLE_COPY_MIN_BYTES
 from transport.wire import BlockHeader, checksum
 
 BLOCK = 1 << 20
@@ -26,7 +26,7 @@ BLOCK = 1 << 20
 
 def blocks(seed: int) -> tuple[list[BlockHeader], list[torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    n = SINGLE_COPY_MIN_BYTES // BLOCK + 3  # NOTE: several single-copy messages
+    n = MESSAGE_BYTES // BLOCK + 3  # NOTE: two data messages, both ≥ SINGLE_COPY_MIN_BYTES in all
     tensors = [torch.randint(0, 255, (BLOCK,), dtype=torch.uint8, generator=g) for _ in range(n)]
     headers = [BlockHeader(i + 1, i, i * 16, (), "uint8", (BLOCK,), BLOCK, checksum(t)) for i, t in enumerate(tensors)]
     return headers, tensors

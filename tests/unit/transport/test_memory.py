@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transport.layout import MESSAGE_BYTES, message_runs, split_runs
+from transport.layout import MESSAGE_BYTES, message_runs
 from transport.memory import HUGE_PAGE_BYTES, HostArena
 
 
@@ -65,14 +65,6 @@ def test_message_runs_are_greedy_and_keep_big_blocks_alone():
     assert message_runs([MESSAGE_BYTES] * 2) == [range(0, 1), range(1, 2)]
     with pytest.raises(ValueError):
         message_runs([1], max_message_bytes=0)
-
-
-def test_split_runs_cut_finer_without_crossing_a_run():
-    sizes = [3, 3, 3, 3, 3]
-    runs = message_runs(sizes, max_message_bytes=9)  # [0, 3), [3, 5)
-    assert split_runs(runs, sizes, 6) == [range(0, 2), range(2, 3), range(3, 5)]
-    assert message_runs(sizes, max_message_bytes=6) == [range(0, 2), range(2, 4), range(4, 5)]  # would cross
-    assert split_runs(runs, sizes, 100) == runs
 
 
 def test_own_slabs_are_recycled_once_idle_and_released_on_request():
