@@ -18,6 +18,7 @@ import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -83,6 +84,7 @@ class _Fabric:
             else:
                 slot = _Slot()
                 ch.posted.append(slot)
+                slot.copied.add_done_callback(lambda f: self._withdraw(f, key, slot))
             slot.posted.set_result(buf)
             self._gc(key, ch)
             return slot
@@ -96,8 +98,22 @@ class _Fabric:
             else:
                 slot = _Slot()
                 ch.waiting.append(slot)
+                slot.posted.add_done_callback(lambda f: self._withdraw(f, key, slot))
             self._gc(key, ch)
             return slot
+
+    def _withdraw(self, done: cf.Future[Any], key: _Key, slot: _Slot) -> None:
+        """A side gave up on its queued slot (its future was cancelled, e.g. at its deadline):
+        take the slot out, so that no later message of that key is matched with it."""
+        if not done.cancelled():
+            return  # NOTE: matched normally (and maybe called under the lock, from post())
+        with self.lock:
+            ch = self.channels.get(key)
+            if ch is not None:
+                for queue in (ch.posted, ch.waiting):
+                    if slot in queue:
+                        queue.remove(slot)
+                self._gc(key, ch)
 
     def _gc(self, key: _Key, ch: _Channel) -> None:
         if not ch.posted and not ch.waiting:

@@ -109,6 +109,19 @@ def test_missing_sender_times_out(pair):
         b.recv(TransferSpec(5, a.address, (1,), (64,)))
 
 
+def test_a_side_that_gave_up_is_not_matched_later(pair):
+    a, b = pair
+    headers, tensors = _blocks()
+    a.config = b.config = TransportConfig(timeout_s=0.2)
+    with pytest.raises(TransferTimeout):  # the receive gives up; a late send finds no receiver
+        b.recv(TransferSpec.for_headers(6, a.address, headers))
+    with pytest.raises(TransferTimeout):
+        a.send(TransferSpec.for_headers(6, b.address, headers), headers, tensors)
+    with pytest.raises(TransferTimeout):  # and the late receive of that send finds no sender
+        b.recv(TransferSpec.for_headers(6, a.address, headers))
+    assert not local._FABRIC.channels
+
+
 def test_unknown_peer(pair):
     a, _ = pair
     headers, tensors = _blocks(1)
