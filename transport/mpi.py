@@ -14,8 +14,9 @@ message (``process_vm_readv``) inside its progress call, so the receiver's core 
 then verifies, one after the other. Transfers of ≥ 4 MiB between such ranks are written by the
 sender instead (:mod:`transport.single_copy`), so the receiver verifies while the bytes move.
 The pairs that may do this are found once, when the transport is created (collectively): each
-rank reads a random cookie out of every other rank (:class:`transport.cma.Cookie`), and a pair
-uses it only when both directions work and both ranks allow it.
+rank reads a random cookie out of every other rank MPI places on its host
+(``COMM_TYPE_SHARED``; :class:`transport.cma.Cookie`), and a pair uses it only when both
+directions work and both ranks allow it.
 """
 
 from __future__ import annotations
@@ -60,18 +61,25 @@ class MpiTransport(SingleCopyTransport):
         self._single_copy = self._single_copy_peers(single_copy_allowed(single_copy))
 
     def _single_copy_peers(self, allowed: bool) -> frozenset[int]:
-        """The ranks this one can write to and be written by (collective)."""
-        mine = np.frombuffer(np.int64(self._cookie.pid).tobytes() + np.int64(self._cookie.address).tobytes()
-                             + self._cookie.value, np.int64)  # fmt: skip
-        everyone = np.empty((self._size, mine.size), np.int64)
-        self._comm.Allgather(mine, everyone)
-        reach = np.zeros(self._size, np.uint8)
-        for p in range(self._size):
-            pid, address, value = int(everyone[p, 0]), int(everyone[p, 1]), everyone[p, 2:].tobytes()
-            reach[p] = allowed and p != self._rank and cma.Cookie.reachable(pid, address, value)
-        both = np.empty((self._size, self._size), np.uint8)
-        self._comm.Allgather(reach, both)
-        return frozenset(p for p in range(self._size) if both[self._rank, p] and both[p, self._rank])
+        """The ranks this one can write to and be written by: among the ranks MPI places on
+        this host, those whose cookie this rank reads back and who read back its own
+        (collective; exchanges stay within one host, so they do not grow with the world)."""
+        node = self._comm.Split_type(self._mpi.COMM_TYPE_SHARED)
+        try:
+            cookie = self._cookie
+            mine = np.array([self._rank, cookie.pid, cookie.address, *np.frombuffer(cookie.value, np.int64)], np.int64)
+            everyone = np.empty((node.Get_size(), mine.size), np.int64)
+            node.Allgather(mine, everyone)
+            reach = np.zeros(node.Get_size(), np.uint8)
+            for p, row in enumerate(everyone):
+                rank, pid, address = (int(x) for x in row[:3])
+                reach[p] = allowed and rank != self._rank and cma.Cookie.reachable(pid, address, row[3:].tobytes())
+            both = np.empty((node.Get_size(), node.Get_size()), np.uint8)
+            node.Allgather(reach, both)
+            me = node.Get_rank()
+            return frozenset(int(everyone[p, 0]) for p in range(node.Get_size()) if both[me, p] and both[p, me])
+        finally:
+            node.Free()
 
     @property
     def single_copy_peers(self) -> frozenset[int]:
