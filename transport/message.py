@@ -185,8 +185,7 @@ class MessageTransport(Transport):
         # NOTE: receives are posted before the header arrives (sizes come from the local spec,
         # already checked against the limits), so the header's latency and decoding overlap
         # the data; each run is verified once both it and the header are in.
-        runs = message_runs(spec.nbytes)
-        inbound = [_landing(run, spec.nbytes, into, into_ptrs) for run in runs]
+        inbound = [_landing(run, spec.nbytes, into, into_ptrs) for run in message_runs(spec.nbytes)]
         known: list[BlockHeader] = []
         pending: list[tuple[int, Sequence[int] | None]] = []
 
