@@ -149,8 +149,10 @@ class MpiTransport(SingleCopyTransport):
         await self._recv_msgs(spec, [(seq, buf)], lambda _i: None)
 
     async def _send_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]]) -> None:
-        peer, byte = self._peer(spec), self._mpi.BYTE
-        await self._wait([self._comm.Isend([buf, byte], dest=peer, tag=self._tag(spec, seq)) for seq, buf in msgs])
+        sends = _RequestSends(self, spec)
+        for seq, buf in msgs:
+            sends.post(seq, buf)
+        await sends.done()
 
     async def _recv_msgs(
         self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Callable[[int], None]
