@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import weakref
 from dataclasses import replace
 
@@ -235,3 +236,43 @@ def test_shared_loop_stops_with_the_last_endpoint():
     assert loop.is_running()
     fabric.leave("y")
     assert thread is not None and not thread.is_alive() and fabric.loop is None
+
+
+def test_messages_of_a_big_transfer_are_landed_by_two_threads(pair, monkeypatch):
+    threads: dict[int, str] = {}
+    real = local._copy_in
+
+    def slow_copy(seq, buf, src, sizes):
+        threads[seq] = threading.current_thread().name
+        time.sleep(0.05)  # NOTE: long enough that the copier thread surely takes a message
+        return real(seq, buf, src, sizes)
+
+    monkeypatch.setattr(local, "_copy_in", slow_copy)
+    headers, tensors = _big_blocks(2 * (MESSAGE_BYTES >> 20), 1 << 20, laid_out=True)
+    assert sum(h.nbytes for h in headers) >= local.SHARED_COPY_MIN_BYTES
+    got = _transfer(pair, headers, tensors)
+    assert all(torch.equal(x, y) for x, y in zip(got.tensors, tensors, strict=True))
+    data = {seq: name for seq, name in threads.items() if seq >= 2}
+    assert sorted(data) == [2, 3]
+    assert len(set(data.values())) == 2 and any(n.startswith("transport-local-copy") for n in data.values())
+
+
+def test_a_refused_message_fails_the_shared_copy_after_the_others_land():
+    src = memoryview(bytearray(b"abcd" * 4))
+    ok_dst, bad_dst = bytearray(16), bytearray(8)
+    shared = local._SharedCopy([(2, memoryview(ok_dst), src, [16]), (3, memoryview(bad_dst), src, [16])])
+    shared.work()
+    assert bytes(ok_dst) == bytes(src)
+    with pytest.raises(WireFormatError, match="message 3 has 16 bytes, at most 8"):
+        shared.result()
+
+
+def test_a_big_receive_that_gives_up_withdraws_every_message(pair):
+    a, b = pair
+    a.config = b.config = TransportConfig(timeout_s=0.2)
+    headers, tensors = _big_blocks(2 * (MESSAGE_BYTES >> 20), 1 << 20, laid_out=True)
+    with pytest.raises(TransferTimeout):
+        b.recv(TransferSpec.for_headers(7, a.address, headers))
+    assert not local._FABRIC.channels
+    with pytest.raises(TransferTimeout):  # a late send finds no receiver
+        a.send(TransferSpec.for_headers(7, b.address, headers), headers, tensors)
