@@ -13,6 +13,7 @@ received tensors are dropped and a :class:`TransportError` subclass is raised.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import secrets
 import threading
@@ -279,8 +280,14 @@ def check_into(headers: Sequence[BlockHeader], into: Sequence[torch.Tensor]) -> 
     if len(into) != len(headers):
         raise ValueError(f"{len(into)} receive tensors for {len(headers)} blocks")
     for h, t in zip(headers, into, strict=True):
-        if tuple(t.shape) != h.shape or str(t.dtype).removeprefix("torch.") != h.dtype or not t.is_contiguous():
+        if t.shape != h.shape or _dtype_name(t.dtype) != h.dtype or not t.is_contiguous():
             raise ValueError(f"receive tensor {tuple(t.shape)} {t.dtype} does not fit block {h.shape} {h.dtype}")
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             raise ValueError("receive tensors must be CPU tensors; set TransportConfig.device to move them after")
     return list(into)
+
+
+@functools.cache
+def _dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` → ``"bfloat16"``, the name the wire uses (cached: checked per block)."""
+    return str(dtype).removeprefix("torch.")

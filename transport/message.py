@@ -176,9 +176,9 @@ class MessageTransport(Transport):
             raise WireFormatError(
                 f"spec announces {len(spec.nbytes)} blocks / {spec.total_bytes} bytes, over the limits {limits}"
             )
-        if into is not None and [t.numel() * t.element_size() for t in into] != list(spec.nbytes):
+        if into is not None and [t.nbytes for t in into] != list(spec.nbytes):
             raise ValueError("receive tensors do not match the sizes the transfer spec announces")
-        if into is not None and not all(t.is_contiguous() and t.device.type == "cpu" for t in into):
+        if into is not None and not all(t.is_cpu and t.is_contiguous() for t in into):
             raise ValueError("receive tensors must be contiguous CPU tensors")
         into_ptrs = [t.data_ptr() for t in into] if into is not None else []
         start = time.perf_counter()
@@ -251,8 +251,8 @@ def first_message_bytes(spec: TransferSpec) -> int:
 
 def _host_block(t: torch.Tensor, nbytes: int) -> torch.Tensor:
     """The block's tensor in host memory, checked to be contiguous and ``nbytes`` long."""
-    host = t if t.device.type == "cpu" else t.cpu()
-    if not host.is_contiguous() or host.numel() * host.element_size() != nbytes:
+    host = t if t.is_cpu else t.cpu()  # NOTE: is_cpu and nbytes: the cheapest of torch's accessors, per block
+    if not host.is_contiguous() or host.nbytes != nbytes:
         raise ValueError(f"block tensors must be contiguous and match the header's sizes ({nbytes} bytes)")
     return host
 
