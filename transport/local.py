@@ -21,6 +21,7 @@ import concurrent.futures as cf
 import itertools
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -31,12 +32,12 @@ from transport.errors import PeerUnreachable, WireFormatError
 from transport.message import Landed, MessageTransport
 from transport.wire import copy_with_digests, message_runs
 
-__all__ = ["LocalTransport"]
+__all__ = ["SHARED_COPY_MIN_BYTES", "LocalTransport", "SharedCopy"]
 
 _T = TypeVar("_T")
 
 SHARED_COPY_MIN_BYTES = 4 << 20
-"""A transfer's data messages are landed by two threads (``_SharedCopy``) from this size on."""
+"""A transfer's data messages are landed by two threads (``SharedCopy``) from this size on."""
 
 _Key = tuple[str, str, int, int]  # (sender, receiver, transfer_id, seq)
 
@@ -68,7 +69,7 @@ class _Fabric:
         self._copier: cf.ThreadPoolExecutor | None = None
 
     def copier(self) -> cf.ThreadPoolExecutor:
-        """The one helper thread that lands messages alongside the loop thread (``_SharedCopy``)."""
+        """The one helper thread that lands messages alongside the loop thread (``SharedCopy``)."""
         with self.lock:
             if self._copier is None:
                 self._copier = cf.ThreadPoolExecutor(1, thread_name_prefix="transport-local-copy")
@@ -193,13 +194,13 @@ def _copy_in(seq: int, buf: memoryview, src: memoryview, sizes: list[int] | None
     return None
 
 
-class _SharedCopy:
+class SharedCopy:
     """The messages of one transfer, landed by two threads at once: each calls :meth:`work`,
     which takes the next message not yet taken until none is left. ``numpy.copyto`` and
     xxhash release the GIL, so the event-loop thread and the copier thread copy and hash on
     both cores (see transport/README.md for what it measured)."""
 
-    def __init__(self, jobs: list[tuple[int, memoryview, memoryview, list[int] | None]]) -> None:
+    def __init__(self, jobs: Sequence[tuple[int, memoryview, memoryview, list[int] | None]]) -> None:
         self.jobs = jobs
         self._next = itertools.count()  # NOTE: next() on a count is atomic under the GIL
         self._done: list[tuple[int, list[int] | None]] = []
@@ -269,7 +270,7 @@ class LocalTransport(MessageTransport):
             for slot in slots:
                 slot.posted.cancel()  # NOTE: withdraws the slots no message reached yet
             raise
-        shared = _SharedCopy([(seq, buf, src, n) for (seq, buf), src, n in zip(msgs, srcs, sizes, strict=True)])
+        shared = SharedCopy([(seq, buf, src, n) for (seq, buf), src, n in zip(msgs, srcs, sizes, strict=True)])
         try:
             helper = _FABRIC.copier().submit(shared.work)
             try:

@@ -11,6 +11,9 @@ whose receiver copies and verifies on the same core:
   under MPI and UCX) and are read again for the checksum;
 * ``copy_and_hash_s`` — :func:`transport.wire.copy_with_digests`, each chunk hashed right after
   it is copied, still in cache (the ``local`` backend's path);
+* ``copy_and_hash_shared_s`` — the same, the span's messages (:func:`transport.layout.message_runs`
+  of its blocks) shared between this thread and a helper thread
+  (:class:`transport.local.SharedCopy`, the ``local`` backend's path from 4 MiB on);
 * ``copy_contended_s`` — the copy while a second thread hashes another span of the same size
   (two cores, so this is what overlapping verification with the copy on the *other* core does
   to the copy: both share the memory bus); ``contending_hash_gbps`` is how fast that helper
@@ -18,8 +21,9 @@ whose receiver copies and verifies on the same core:
 
 ``ratio_copy_then_hash`` and ``ratio_copy_and_hash`` are ``copy_s`` over those times: the best
 ``ratio`` a transport can reach when its receiver verifies that way on the copying core, before
-any protocol cost. ``copy_slowdown_contended`` is ``copy_s / copy_contended_s``. All medians of
-individually timed runs after one warm-up run.
+any protocol cost; ``ratio_copy_and_hash_shared`` the same on two threads.
+``copy_slowdown_contended`` is ``copy_s / copy_contended_s``. All medians of individually
+timed runs after one warm-up run.
 """
 
 from __future__ import annotations
@@ -27,12 +31,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import xxhash
 
 from graphflow.bench.timing import median_seconds
+from transport.layout import message_runs
+from transport.local import SharedCopy
 from transport.memory import host_arena
 from transport.wire import copy_with_digests
 
@@ -78,34 +85,49 @@ def verify_ceiling(
         raise ValueError("sizes and block bytes must be positive")
     rows = []
     arena = host_arena()
-    for size in sizes:
-        say(f"measuring {size:,} bytes")
-        src, dst, other = (arena.empty_bytes(size).numpy() for _ in range(3))
-        src[:] = np.resize(np.arange(256, dtype=np.uint8), size)  # NOTE: byte i is i mod 256
-        dst[:] = 0
-        other[:] = 1
-        blocks = [min(block_bytes, size - lo) for lo in range(0, size, block_bytes)]
+    with ThreadPoolExecutor(1, thread_name_prefix="verify-ceiling-copy") as pool:
+        for size in sizes:
+            say(f"measuring {size:,} bytes")
+            src, dst, other = (arena.empty_bytes(size).numpy() for _ in range(3))
+            src[:] = np.resize(np.arange(256, dtype=np.uint8), size)  # NOTE: byte i is i mod 256
+            dst[:] = 0
+            other[:] = 1
+            blocks = [min(block_bytes, size - lo) for lo in range(0, size, block_bytes)]
 
-        def copy_then_hash(s: np.ndarray = src, d: np.ndarray = dst) -> list[int]:
-            np.copyto(d, s)
-            return _hash_blocks(d, block_bytes)
+            def copy_then_hash(s: np.ndarray = src, d: np.ndarray = dst) -> list[int]:
+                np.copyto(d, s)
+                return _hash_blocks(d, block_bytes)
 
-        def copy_and_hash(s: np.ndarray = src, d: np.ndarray = dst, b: list[int] = blocks) -> list[int]:
-            return copy_with_digests(d.data, s.data, b)
+            def copy_and_hash(s: np.ndarray = src, d: np.ndarray = dst, b: list[int] = blocks) -> list[int]:
+                return copy_with_digests(d.data, s.data, b)
 
-        def copy(s: np.ndarray = src, d: np.ndarray = dst) -> None:
-            np.copyto(d, s)
+            def copy_and_hash_shared(s: np.ndarray = src, d: np.ndarray = dst, b: list[int] = blocks) -> list[int]:
+                jobs, lo = [], 0
+                for seq, run in enumerate(message_runs(b)):
+                    n = sum(b[i] for i in run)
+                    jobs.append((seq, d[lo : lo + n].data, s[lo : lo + n].data, [b[i] for i in run]))
+                    lo += n
+                shared = SharedCopy(jobs)
+                helper = pool.submit(shared.work)
+                shared.work()
+                helper.result()
+                return [digest for _, digests in shared.result() for digest in digests or ()]
 
-        copy_s = median_seconds(copy, repeats)
-        then_s = median_seconds(copy_then_hash, repeats)
-        chunked_s = median_seconds(copy_and_hash, repeats)
-        contended_s, hash_rate = _contended_copy(copy, other, repeats)
-        if copy_then_hash() != copy_and_hash():
-            raise RuntimeError("the two ways of hashing the copied blocks disagree")
-        rows.append({
-            "nbytes": size, "block_bytes": block_bytes, "copy_s": copy_s, "copy_then_hash_s": then_s,
-            "copy_and_hash_s": chunked_s, "copy_contended_s": contended_s, "copy_gbps": size / copy_s / 1e9,
-            "ratio_copy_then_hash": copy_s / then_s, "ratio_copy_and_hash": copy_s / chunked_s,
-            "copy_slowdown_contended": copy_s / contended_s, "contending_hash_gbps": hash_rate / 1e9,
-        })  # fmt: skip
+            def copy(s: np.ndarray = src, d: np.ndarray = dst) -> None:
+                np.copyto(d, s)
+
+            copy_s = median_seconds(copy, repeats)
+            then_s = median_seconds(copy_then_hash, repeats)
+            chunked_s = median_seconds(copy_and_hash, repeats)
+            shared_s = median_seconds(copy_and_hash_shared, repeats)
+            contended_s, hash_rate = _contended_copy(copy, other, repeats)
+            if not copy_then_hash() == copy_and_hash() == copy_and_hash_shared():
+                raise RuntimeError("the ways of hashing the copied blocks disagree")
+            rows.append({
+                "nbytes": size, "block_bytes": block_bytes, "copy_s": copy_s, "copy_then_hash_s": then_s,
+                "copy_and_hash_s": chunked_s, "copy_and_hash_shared_s": shared_s, "copy_contended_s": contended_s,
+                "copy_gbps": size / copy_s / 1e9, "ratio_copy_then_hash": copy_s / then_s,
+                "ratio_copy_and_hash": copy_s / chunked_s, "ratio_copy_and_hash_shared": copy_s / shared_s,
+                "copy_slowdown_contended": copy_s / contended_s, "contending_hash_gbps": hash_rate / 1e9,
+            })  # fmt: skip
     return rows

@@ -260,7 +260,7 @@ def test_messages_of_a_big_transfer_are_landed_by_two_threads(pair, monkeypatch)
 def test_a_refused_message_fails_the_shared_copy_after_the_others_land():
     src = memoryview(bytearray(b"abcd" * 4))
     ok_dst, bad_dst = bytearray(16), bytearray(8)
-    shared = local._SharedCopy([(2, memoryview(ok_dst), src, [16]), (3, memoryview(bad_dst), src, [16])])
+    shared = local.SharedCopy([(2, memoryview(ok_dst), src, [16]), (3, memoryview(bad_dst), src, [16])])
     shared.work()
     assert bytes(ok_dst) == bytes(src)
     with pytest.raises(WireFormatError, match="message 3 has 16 bytes, at most 8"):
