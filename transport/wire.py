@@ -150,20 +150,35 @@ def copy_with_digests(dst: memoryview, src: memoryview, sizes: Sequence[int], ch
     256 MiB copy afterwards reads it from memory a second time (measured here: copy 19.7 ms,
     copy then hash 28.2 ms, copy and hash in 256 KiB chunks 23.8 ms). Chunks of 512 KiB
     halve the Python calls per byte of 256 KiB ones and still fit this machine's 1 MiB L2;
-    ``graphflow bench verify-ceiling`` measures the result against a bare copy.
+    blocks smaller than a chunk are copied several at a time and each hashed in one call
+    (1,024 blocks of 192 KiB: 17.8 → 16.2 ms; 4,096 of 16 KiB: 13.3 → 6.2 ms, against one
+    hasher and one copy per block). ``graphflow bench verify-ceiling`` measures the result
+    against a bare copy.
     """
     if sum(sizes) != src.nbytes or src.nbytes > dst.nbytes:
         raise ValueError(f"{src.nbytes} source bytes do not match block sizes summing to {sum(sizes)}")
     d, s = np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8)
-    digests, lo = [], 0
-    for n in sizes:
-        h = xxhash.xxh3_64()
-        for a in range(lo, lo + n, chunk):
-            b = min(a + chunk, lo + n)
-            np.copyto(d[a:b], s[a:b])
-            h.update(d[a:b].data)
-        digests.append(h.intdigest())
-        lo += n
+    digests: list[int] = []
+    lo, i = 0, 0
+    while i < len(sizes):
+        if sizes[i] >= chunk:  # NOTE: a big block: copied chunk by chunk into one streaming hash
+            h = xxhash.xxh3_64()
+            for a in range(lo, lo + sizes[i], chunk):
+                b = min(a + chunk, lo + sizes[i])
+                np.copyto(d[a:b], s[a:b])
+                h.update(d[a:b].data)
+            digests.append(h.intdigest())
+            lo, i = lo + sizes[i], i + 1
+            continue
+        j, hi = i, lo  # NOTE: small blocks: as many as fit in a chunk, one copy, one hash call each
+        while j < len(sizes) and sizes[j] < chunk and hi + sizes[j] - lo <= chunk:
+            hi, j = hi + sizes[j], j + 1
+        np.copyto(d[lo:hi], s[lo:hi])
+        landed, offset = d[lo:hi].data, 0
+        for n in sizes[i:j]:
+            digests.append(xxhash.xxh3_64_intdigest(landed[offset : offset + n]))
+            offset += n
+        lo, i = hi, j
     return digests
 
 

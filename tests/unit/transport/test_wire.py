@@ -100,7 +100,10 @@ def test_shapes_that_would_overflow_are_rejected():
         decode_header(encode_header([huge_dim]))
 
 
-@pytest.mark.parametrize("sizes", [[0], [5], [1000, 0, 3333], [4096, 4096]])
+@pytest.mark.parametrize(
+    "sizes",
+    [[0], [5], [1000, 0, 3333], [4096, 4096], [100] * 20, [100, 0, 600, 100, 100, 5000, 3, 512, 511, 1]],
+)
 def test_copy_with_digests_copies_and_hashes_each_block_across_chunks(sizes):
     src = torch.randint(0, 255, (sum(sizes),), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
     dst = torch.zeros(sum(sizes) + 7, dtype=torch.uint8)
