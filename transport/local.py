@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import contextlib
 import itertools
 import threading
 from collections import deque
@@ -181,6 +182,13 @@ def _settle(src: cf.Future[_T], dst: asyncio.Future[_T]) -> None:
         dst.set_result(src.result())
 
 
+def _release(slot: _Slot) -> None:
+    """Let the sender of ``slot`` go. Its wait may have given up already (its deadline passed
+    while the copy ran): then there is no one left to tell, and that is not the receiver's error."""
+    with contextlib.suppress(cf.InvalidStateError):
+        slot.copied.set_result(None)
+
+
 def _copy_in(seq: int, buf: memoryview, src: memoryview, sizes: list[int] | None) -> list[int] | None:
     """Copy message ``seq`` from ``src`` into ``buf``; with its blocks' ``sizes``, hash each
     chunk as it is copied (``wire.copy_with_digests``: verification then reads the bytes from
@@ -281,7 +289,7 @@ class LocalTransport(MessageTransport):
                 cf.wait([helper])  # NOTE: even when cancelled: no copy may go on into buffers handed back
         finally:
             for slot in slots:
-                slot.copied.set_result(None)  # NOTE: release the sender even when a copy is refused
+                _release(slot)  # NOTE: even when a copy is refused
         for i, digests in shared.result():
             landed(i, digests)
 
@@ -292,7 +300,7 @@ class LocalTransport(MessageTransport):
         try:
             return _copy_in(seq, buf, src, sizes)
         finally:
-            slot.copied.set_result(None)  # NOTE: release the sender even when the copy is refused
+            _release(slot)  # NOTE: even when the copy is refused
 
     async def _send_msgs(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]]) -> None:
         # NOTE: post every message at once, then wait; a rendezvous per message costs two

@@ -276,3 +276,13 @@ def test_a_big_receive_that_gives_up_withdraws_every_message(pair):
     assert not local._FABRIC.channels
     with pytest.raises(TransferTimeout):  # a late send finds no receiver
         a.send(TransferSpec.for_headers(7, b.address, headers), headers, tensors)
+
+
+def test_releasing_a_sender_that_already_gave_up_is_not_an_error(pair):
+    a, b = pair
+    key = (a.address, b.address, 9, 2)
+    slot = local._FABRIC.take(key)  # the receiver waits first
+    local._FABRIC.post(key, memoryview(bytearray(16)))  # the sender arrives and is matched
+    slot.copied.cancel()  # then its wait gives up (deadline) before the copy ends
+    local._release(slot)  # NOTE: set_result on the cancelled future would raise InvalidStateError
+    assert slot.copied.cancelled() and not local._FABRIC.channels
