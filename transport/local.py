@@ -307,8 +307,13 @@ class LocalTransport(MessageTransport):
         # cross-thread wake-ups each.
         self._check_peer(spec.peer)
         slots = [_FABRIC.post((self._name, spec.peer, spec.transfer_id, seq), buf) for seq, buf in msgs]
-        for slot in slots:
-            await _wait(slot.copied)
+        try:
+            for slot in slots:
+                await _wait(slot.copied)
+        except BaseException:
+            for slot in slots:
+                slot.copied.cancel()  # NOTE: withdraws every message no receiver has taken yet
+            raise
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:

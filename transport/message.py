@@ -9,7 +9,10 @@ seq 2+m   data message m: the bytes of a run of consecutive blocks, at most MESS
 
 The runs are a pure function of the block sizes, which both sides know from the transfer spec,
 so the receiver posts every receive at once, before the header arrives; the sender posts the
-data first and encodes the header while the bytes move. A KV state of a
+data first and encodes the header while the bytes move. A transfer of one data message moved
+plainly (``_plain_data``) goes in one round instead: header and data posted together, both
+receives posted together, the data verified once the header is decoded — for a small transfer
+the tasks and loop turns of the overlap cost more than they hide. A KV state of a
 thousand 16-token blocks travels as a handful of messages instead of a thousand: per-message
 costs (a rendezvous, a Python future, an event-loop hop) are paid per run. A run whose blocks
 lie back to back in one allocation (blocks carved from one slab, :mod:`transport.memory`) is
@@ -117,6 +120,12 @@ class MessageTransport(Transport):
         """Receive all data messages of a transfer; the default is :meth:`_recv_msgs`."""
         await self._recv_msgs(spec, msgs, landed)
 
+    def _plain_data(self, spec: TransferSpec) -> bool:
+        """Whether this transfer's data messages go through ``_send_msgs``/``_recv_msgs`` as
+        they are (``_send_data``/``_recv_data`` add nothing); a backend that moves them another
+        way for some transfers says ``False`` for those."""
+        return True
+
     def _sent(self, spec: TransferSpec) -> None:  # noqa: B027 - optional hook
         """Called when a send ends, however it ends (drop per-transfer state)."""
 
@@ -147,6 +156,14 @@ class MessageTransport(Transport):
         runs = message_runs(spec.nbytes)
         data = [(2 + m, _outbound(run, ptrs, spec.nbytes, host, staging)) for m, run in enumerate(runs)]
 
+        async def one_round() -> None:
+            # NOTE: one data message, moved plainly: header and data posted together, in one
+            # call (fewer tasks and loop turns, which is most of what a small transfer costs)
+            try:
+                await self._send_msgs(spec, [*self._header_msgs(spec, headers), *data])
+            finally:
+                self._sent(spec)
+
         async def run() -> None:
             # NOTE: the first data message goes out before the header is encoded (the receiver
             # posted its receives from the spec), the rest after the header: a receiver handles
@@ -154,11 +171,7 @@ class MessageTransport(Transport):
             # checksum back until the end
             sending = [asyncio.ensure_future(self._send_data(spec, data[:1]))]
             await asyncio.sleep(0)
-            header = encode_header(headers)
-            first = _PREAMBLE.pack(_MAGIC, WIRE_VERSION, len(header))
-            inline = _PREAMBLE.size + len(header) <= first_message_bytes(spec)
-            msgs = [(0, memoryview(first + header))] if inline else [(0, memoryview(first)), (1, memoryview(header))]
-            sending.append(asyncio.ensure_future(self._send_msgs(spec, msgs)))
+            sending.append(asyncio.ensure_future(self._send_msgs(spec, self._header_msgs(spec, headers))))
             sending.append(asyncio.ensure_future(self._send_data(spec, data[1:])))
             try:
                 await asyncio.gather(*sending)
@@ -167,8 +180,17 @@ class MessageTransport(Transport):
                     task.cancel()
                 self._sent(spec)
 
-        await self._deadline(run(), f"send of {spec.total_bytes} bytes to {spec.peer[:32]}")
+        single = len(data) == 1 and self._plain_data(spec)
+        await self._deadline(one_round() if single else run(), f"send of {spec.total_bytes} bytes to {spec.peer[:32]}")
         return TransferStats(self.name, spec.total_bytes, len(host), time.perf_counter() - start)
+
+    def _header_msgs(self, spec: TransferSpec, headers: Sequence[BlockHeader]) -> list[tuple[int, memoryview]]:
+        """The header's message(s): seq 0 with the preamble, and the header inline when it fits."""
+        header = encode_header(headers)
+        first = _PREAMBLE.pack(_MAGIC, WIRE_VERSION, len(header))
+        if _PREAMBLE.size + len(header) <= first_message_bytes(spec):
+            return [(0, memoryview(first + header))]
+        return [(0, memoryview(first)), (1, memoryview(header))]
 
     async def arecv(self, spec: TransferSpec, into: Sequence[torch.Tensor] | None = None) -> Received:
         limits = self.config.limits
@@ -205,32 +227,60 @@ class MessageTransport(Transport):
         def landed(m: int, digests: Sequence[int] | None = None) -> None:
             settle(m, digests) if known else pending.append((m, digests))
 
-        async def run() -> Received:
-            msgs = [(2 + m, msg.view) for m, msg in enumerate(inbound)]
-            data = asyncio.ensure_future(self._recv_data(spec, msgs, landed))
-            try:
-                headers = await self._recv_header(spec)
-                self._check_received(spec, headers)
-                if into is not None:
-                    check_into(headers, into)
-                known.extend(headers)
-                for m, digests in pending:
-                    settle(m, digests)
-                await data
-            finally:
-                data.cancel()
+        def accept(headers: list[BlockHeader]) -> None:
+            """Check the header against the spec and ``into``, then verify what already landed."""
+            self._check_received(spec, headers)
+            if into is not None:
+                check_into(headers, into)
+            known.extend(headers)
+            for m, digests in pending:
+                settle(m, digests)
+
+        def received(headers: list[BlockHeader]) -> Received:
             tensors = _blocks(headers, inbound, spec.nbytes) if into is None else list(into)
             if self.config.device != "cpu":
                 tensors = [t.to(self.config.device, non_blocking=True) for t in tensors]
             stats = TransferStats(self.name, spec.total_bytes, len(headers), time.perf_counter() - start)
             return Received(headers, tensors, stats)
 
-        return await self._deadline(run(), f"receive of {spec.total_bytes} bytes from {spec.peer[:32]}")
+        async def run() -> Received:
+            msgs = [(2 + m, msg.view) for m, msg in enumerate(inbound)]
+            data = asyncio.ensure_future(self._recv_data(spec, msgs, landed))
+            try:
+                headers = await self._recv_header(spec)
+                accept(headers)
+                await data
+            finally:
+                data.cancel()
+            return received(headers)
+
+        async def one_round() -> Received:
+            # NOTE: one data message, moved plainly: its receive and the header's are posted in
+            # one call; the data is verified once the header is decoded (nothing to overlap)
+            first = bytearray(first_message_bytes(spec))
+
+            def arrived(i: int, digests: Sequence[int] | None = None) -> None:
+                if i == 1:  # NOTE: the data; the header is message 0 of this round
+                    pending.append((0, digests))
+
+            await self._recv_msgs(spec, [(0, memoryview(first)), (2, inbound[0].view)], arrived)
+            headers = await self._header_in(spec, first)
+            accept(headers)
+            return received(headers)
+
+        single = len(inbound) == 1 and self._plain_data(spec)
+        return await self._deadline(
+            one_round() if single else run(), f"receive of {spec.total_bytes} bytes from {spec.peer[:32]}"
+        )
 
     async def _recv_header(self, spec: TransferSpec) -> list[BlockHeader]:
-        limits = self.config.limits
         first = bytearray(first_message_bytes(spec))
         await self._recv_msg(spec, 0, memoryview(first))
+        return await self._header_in(spec, first)
+
+    async def _header_in(self, spec: TransferSpec, first: bytearray) -> list[BlockHeader]:
+        """The header, from the first message (and message 1 when it did not fit there)."""
+        limits = self.config.limits
         magic, version, header_len = _PREAMBLE.unpack_from(first)
         if magic != _MAGIC or version != WIRE_VERSION:
             raise WireFormatError(f"not a GraphFlow KV transfer (magic {magic!r}, version {version})")

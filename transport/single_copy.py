@@ -121,6 +121,9 @@ class SingleCopyTransport(MessageTransport):
     def _single_copy_for(self, spec: TransferSpec) -> bool:
         return spec.total_bytes >= SINGLE_COPY_MIN_BYTES and self._single_copy_pair(spec)
 
+    def _plain_data(self, spec: TransferSpec) -> bool:
+        return not self._single_copy_for(spec)
+
     async def _recv_data(self, spec: TransferSpec, msgs: list[tuple[int, memoryview]], landed: Landed) -> None:
         if not self._single_copy_for(spec):
             return await self._recv_msgs(spec, msgs, landed)

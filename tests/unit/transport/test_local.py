@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from transport import local, message
+from transport import local, message, wire
 from transport.base import TransferSpec, TransportConfig
 from transport.errors import ChecksumMismatch, PeerUnreachable, TransferTimeout, WireFormatError
 from transport.layout import MESSAGE_BYTES, message_runs
@@ -286,3 +286,32 @@ def test_releasing_a_sender_that_already_gave_up_is_not_an_error(pair):
     slot.copied.cancel()  # then its wait gives up (deadline) before the copy ends
     local._release(slot)  # NOTE: set_result on the cancelled future would raise InvalidStateError
     assert slot.copied.cancelled() and not local._FABRIC.channels
+
+
+@pytest.mark.parametrize("block_bytes", [1 << 10, 3 << 20], ids=["one-data-message", "two-data-messages"])
+def test_a_header_too_long_for_the_first_message_travels_as_message_one(pair, block_bytes):
+    headers, tensors = _big_blocks(3, block_bytes, laid_out=True)
+    headers = [replace(h, token_ids=tuple(range(i, i + 30_000))) for i, h in enumerate(headers)]  # ≈ 360 KB of ids
+    assert len(wire.encode_header(headers)) > message.first_message_bytes(TransferSpec.for_headers(1, "x", headers))
+    assert (len(message_runs([h.nbytes for h in headers])) == 1) == (block_bytes < MESSAGE_BYTES // 3)
+    got = _transfer(pair, headers, tensors)
+    assert got.headers == headers
+    assert all(torch.equal(x, y) for x, y in zip(got.tensors, tensors, strict=True))
+
+
+def test_one_data_message_goes_out_with_the_header_in_one_round(pair, monkeypatch):
+    rounds: list[list[int]] = []
+    real = LocalTransport._send_msgs
+
+    async def recording(self, spec, msgs):
+        rounds.append([seq for seq, _ in msgs])
+        await real(self, spec, msgs)
+
+    monkeypatch.setattr(LocalTransport, "_send_msgs", recording)
+    headers, tensors = _blocks()
+    _transfer(pair, headers, tensors)
+    assert rounds == [[0, 2]]
+    rounds.clear()
+    headers, tensors = _big_blocks((MESSAGE_BYTES >> 20) + 1, 1 << 20, laid_out=True)  # two data messages
+    _transfer(pair, headers, tensors)
+    assert sorted(rounds) == [[0], [2], [3]]  # the first data message goes before the header is encoded
