@@ -264,7 +264,8 @@ def bench_transport_cmd(
     repeats: int = typer.Option(3, help="Measurements per point (median reported)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
-    """Our transfers vs each backend's raw reference, between two processes, same run."""
+    """Our transfers vs each backend's raw reference, between two processes, same run (ucx and
+    mpi also time the bare ceiling: the wire's data messages, hashed on arrival, no protocol)."""
     from graphflow.bench.transport import bench_transport, parse_size
     from graphflow.bench.transport_pair import BenchPlan
 
@@ -274,10 +275,12 @@ def bench_transport_cmd(
     if json_out:
         _emit({"rows": rows})
         return
-    table = Table("backend", "bytes", "blocks", "ours GB/s", "raw GB/s", "ratio", "overhead µs", title="transport")
+    table = Table("backend", "bytes", "blocks", "ours GB/s", "raw GB/s", "ratio", "overhead µs", "bare ratio",
+                  title="transport")  # fmt: skip
     for r in rows:
+        bare = f"{r['bare_ratio']:.2f}" if "bare_ratio" in r else "—"  # NOTE: ucx and mpi rows only
         table.add_row(r["backend"], f"{r['nbytes']:,}", str(r["blocks"]), f"{r['ours_gbps']:.2f}",
-                      f"{r['raw_gbps']:.2f}", f"{r['ratio']:.2f}", f"{r['overhead_us']:.0f}")  # fmt: skip
+                      f"{r['raw_gbps']:.2f}", f"{r['ratio']:.2f}", f"{r['overhead_us']:.0f}", bare)  # fmt: skip
     out.print(table)
 
 

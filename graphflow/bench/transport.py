@@ -1,6 +1,8 @@
 """``graphflow bench transport``: ours vs the raw reference of each backend, in the same run.
 
-* ``ucx``, ``mpi`` — two processes (``graphflow.checks.pair``); see ``transport_pair``.
+* ``ucx``, ``mpi`` — two processes (``graphflow.checks.pair``); see ``transport_pair``. Their
+  rows also carry ``bare_gbps`` / ``bare_ratio``: the same bytes as plain messages cut as the
+  wire cuts them, hashed by the receiver as they land (no protocol) — the ceiling for ours.
 * ``local`` — one process: ours is a LocalTransport pair, send and receive (into pooled
   tensors) awaited together on the endpoints' loop, as an async caller does; raw is one
   ``numpy.copyto`` of the same bytes.
@@ -170,7 +172,8 @@ def _bench_ray(plan: BenchPlan) -> list[dict[str, Any]]:
 def bench_transport(
     backends: list[str], plan: BenchPlan, say: Callable[[str], None] = lambda _m: None
 ) -> list[dict[str, Any]]:
-    """Rows ``backend, nbytes, ours_gbps, raw_gbps, ratio, overhead_us`` for every backend × size."""
+    """Rows ``backend, nbytes, ours_gbps, raw_gbps, ratio, overhead_us`` for every backend × size
+    (ucx and mpi rows add ``bare_gbps`` and ``bare_ratio``, see ``transport_pair``)."""
     rows: list[dict[str, Any]] = []
     for backend in backends:
         say(f"benchmarking {backend}")

@@ -1,12 +1,16 @@
 """One side of the two-process transport benchmark (run through ``graphflow.checks.pair``).
 
-Role 0 sends, role 1 receives. For each size, both sides run, alternately and ``repeats``
-times, the raw reference (one plain message of ``size`` bytes per iteration over the same
-backend: an ucxx ``send`` of a numpy buffer, an MPI ``Send``) and ours (a KV transfer of
-``size`` bytes cut into blocks of ``block_bytes``: header, checksums and all, received into
-pooled tensors). Each measurement is ``iters`` back-to-back transfers closed by one
-acknowledgement, after ``warmup`` untimed ones; role 0 reports seconds per transfer and the
-medians go into the rows.
+Role 0 sends, role 1 receives. For each size, both sides run, in turn and ``repeats`` times,
+the raw reference (one plain message of ``size`` bytes per iteration over the same backend: an
+ucxx ``send`` of a numpy buffer, an MPI ``Send``), ours (a KV transfer of ``size`` bytes cut
+into blocks of ``block_bytes``: header, checksums and all, received into pooled tensors) and
+*bare*: the raw buffer cut into the data messages the wire would cut (``message_runs``), sent
+as plain messages of the backend, the receiver hashing each block of a message (xxh3-64) as
+soon as it lands — no header, no checks, no pool. Bare is what a receiver that verifies every
+byte reaches over that backend with no protocol around it (for MPI: with Open MPI's own copy,
+not the sender-writes path ours takes on one host). Each measurement is ``iters``
+back-to-back transfers closed by one acknowledgement, after ``warmup`` untimed ones; role 0
+reports seconds per transfer and the medians go into the rows.
 """
 
 from __future__ import annotations
@@ -20,17 +24,19 @@ from typing import Any
 
 import numpy as np
 import torch
+import xxhash
 
 from transport.base import TransferSpec, Transport
 from transport.memory import host_arena
 from transport.message import MessageTransport
 from transport.pool import TensorPool
-from transport.wire import BlockHeader, checksum
+from transport.wire import BlockHeader, checksum, message_runs
 
 __all__ = ["BenchPlan", "blocks_for", "run_pair"]
 
 _ACK_SEQ = 1 << 19
 _RAW_SEQ = 7
+_BARE_SEQ = 16  # NOTE: bare data message m travels as seq 16 + m (below _ACK_SEQ)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +113,18 @@ def _measure(
         else:  # UCX: one plain ucxx send / worker recv of a numpy buffer
             t.run(t._send_msg(control, _RAW_SEQ, raw.data) if role == 0 else t._recv_msg(control, _RAW_SEQ, raw.data))
 
+    bare_msgs, bare_blocks = _bare_cut(raw, [h.nbytes for h in headers])
+
+    def bare_step() -> None:
+        def landed(m: int, _digests: Any = None) -> None:
+            for block in bare_blocks[m]:
+                xxhash.xxh3_64_intdigest(block)
+
+        if role == 0:
+            t.run(t._send_msgs(control, bare_msgs))
+        else:
+            t.run(t._recv_msgs(control, bare_msgs, landed))
+
     def ours_step() -> None:
         spec = TransferSpec.for_headers(next(ids), peer, headers)
         if role == 0:
@@ -114,13 +132,34 @@ def _measure(
         else:
             t.recv(spec, into=into)
 
-    raw_s, ours_s = [], []
+    raw_s, ours_s, bare_s = [], [], []
     for _ in range(plan.repeats):
         raw_s.append(_per_transfer_s(role, plan, raw_step, sync))
         ours_s.append(_per_transfer_s(role, plan, ours_step, sync))
+        bare_s.append(_per_transfer_s(role, plan, bare_step, sync))
     if role == 1 and not all(torch.equal(a, b) for a, b in zip(into, tensors, strict=True)):
         raise RuntimeError("benchmark blocks arrived with different bytes")
-    return _row(t.name, size, len(headers), plan.block_bytes, statistics.median(ours_s), statistics.median(raw_s))
+    if role == 1 and not np.all(raw == 1):
+        raise RuntimeError("benchmark reference bytes arrived different")
+    row = _row(t.name, size, len(headers), plan.block_bytes, statistics.median(ours_s), statistics.median(raw_s))
+    bare = statistics.median(bare_s)
+    row.update(bare_s=bare, bare_gbps=size / bare / 1e9, bare_ratio=row["raw_s"] / bare)
+    return row
+
+
+def _bare_cut(buf: np.ndarray, sizes: list[int]) -> tuple[list[tuple[int, memoryview]], list[list[memoryview]]]:
+    """``buf`` cut as the wire cuts a transfer of blocks of ``sizes``: the data messages (seq,
+    view) and, per message, its blocks' views."""
+    msgs: list[tuple[int, memoryview]] = []
+    blocks: list[list[memoryview]] = []
+    view, lo = buf.data.cast("B"), 0
+    for m, run in enumerate(message_runs(sizes)):
+        n = sum(sizes[i] for i in run)
+        msgs.append((_BARE_SEQ + m, view[lo : lo + n]))
+        bounds = list(itertools.accumulate((sizes[i] for i in run), initial=lo))
+        blocks.append([view[a:b] for a, b in itertools.pairwise(bounds)])
+        lo += n
+    return msgs, blocks
 
 
 def _row(backend: str, size: int, blocks: int, block_bytes: int, ours: float, raw: float) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 import statistics
 
+import numpy as np
+
 from graphflow.bench.transport import bench_transport
-from graphflow.bench.transport_pair import BenchPlan
+from graphflow.bench.transport_pair import BenchPlan, _bare_cut
 
 
 def test_local_bench_times_every_transfer_and_reports_their_median():
@@ -13,3 +15,12 @@ def test_local_bench_times_every_transfer_and_reports_their_median():
         # the row's times are the median transfer's (the ms lists are rounded to 0.01 ms)
         assert abs(statistics.median(r["ours_ms"]) - r["ours_s"] * 1e3) <= 0.01
         assert abs(statistics.median(r["raw_ms"]) - r["raw_s"] * 1e3) <= 0.01
+
+
+def test_bare_cut_follows_the_wire_messages():
+    sizes = [3 << 20, 3 << 20, 3 << 20, 1 << 20]  # NOTE: the wire puts runs of ≤ 8 MiB in one message
+    buf = (np.arange(sum(sizes)) % 251).astype(np.uint8)
+    msgs, blocks = _bare_cut(buf, sizes)
+    assert [(seq, len(v)) for seq, v in msgs] == [(16, 6 << 20), (17, 4 << 20)]
+    assert [[len(b) for b in m] for m in blocks] == [[3 << 20, 3 << 20], [3 << 20, 1 << 20]]
+    assert bytes(blocks[1][1]) == buf[9 << 20 :].tobytes()
