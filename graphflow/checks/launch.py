@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +70,8 @@ def run_two_processes(
             subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             for cmd, env in zip(cmds, envs, strict=True)
         ]
-        errors: list[str] = []
         try:
-            for p in procs:
-                _, err = p.communicate(timeout=timeout_s)
-                if p.returncode != 0:
-                    errors.append(err.strip().splitlines()[-1] if err.strip() else f"exit code {p.returncode}")
-        except subprocess.TimeoutExpired:
-            errors.append(f"did not finish within {timeout_s:g} s")
+            errors = _wait_both(procs, timeout_s)
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -85,3 +81,32 @@ def run_two_processes(
             raise TransportError(f"{backend} pair failed: {'; '.join(errors)}")
         results = [json.loads((Path(tmp) / f"result{r}.json").read_text()) for r in (0, 1)]
         return results[0], results[1]
+
+
+def _wait_both(procs: list[subprocess.Popen[str]], timeout_s: float) -> list[str]:
+    """Wait for every process (draining their pipes); stop waiting as soon as one fails (the
+    other would only wait for it until its own transfer deadline) or ``timeout_s`` passes.
+    Returns the last stderr line of each process that failed (or the timeout); the caller kills
+    whatever still runs."""
+    errs = [""] * len(procs)
+
+    def drain(i: int) -> None:
+        errs[i] = procs[i].communicate()[1] or ""
+
+    threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(len(procs))]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + timeout_s
+    while any(th.is_alive() for th in threads):
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        if time.monotonic() > deadline:
+            return [f"did not finish within {timeout_s:g} s"]
+        time.sleep(0.05)
+    for th in threads:
+        th.join(timeout=1)  # NOTE: a failed process has exited, so its pipes are at their end
+    return [
+        (errs[i].strip().splitlines()[-1] if errs[i].strip() else f"exit code {p.returncode}")
+        for i, p in enumerate(procs)
+        if p.returncode not in (None, 0)
+    ]
