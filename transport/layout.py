@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["MESSAGE_BYTES", "message_runs"]
+__all__ = ["MESSAGE_BYTES", "message_runs", "message_spans"]
 
 MESSAGE_BYTES = 8 << 20
 
@@ -31,3 +31,14 @@ def message_runs(nbytes: Sequence[int], max_message_bytes: int = MESSAGE_BYTES) 
     if len(nbytes) > lo:
         runs.append(range(lo, len(nbytes)))
     return runs
+
+
+def message_spans(nbytes: Sequence[int], max_message_bytes: int = MESSAGE_BYTES) -> list[tuple[range, int, int]]:
+    """Each data message's blocks (:func:`message_runs`) with where its bytes start and how
+    many there are, when the blocks lie back to back from offset 0."""
+    spans, lo = [], 0
+    for run in message_runs(nbytes, max_message_bytes):
+        n = sum(nbytes[i] for i in run)
+        spans.append((run, lo, n))
+        lo += n
+    return spans

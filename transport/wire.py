@@ -67,6 +67,13 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 _ITEMSIZE = {name: dtype.itemsize for name, dtype in _DTYPES.items()}
+
+
+def _itemsize(name: str) -> int:
+    """Bytes per element of the wire dtype ``name`` (raises ``WireFormatError`` when unknown)."""
+    return _ITEMSIZE.get(name) or dtype_from_name(name).itemsize
+
+
 _MAX_DIM = 1 << 40
 
 HEADER_SCHEMA = pa.schema(
@@ -272,7 +279,7 @@ def _few_rows(batch: pa.RecordBatch, limits: WireLimits) -> list[BlockHeader]:
     for key, parent, offset, tokens, dtype, shape, nbytes, digest in zip(*columns, strict=True):
         if any(d < 0 or d > _MAX_DIM for d in shape):
             raise WireFormatError(f"block {key:016x}: shape has a dimension out of range")
-        expected = math.prod(shape) * (_ITEMSIZE.get(dtype) or dtype_from_name(dtype).itemsize)
+        expected = math.prod(shape) * _itemsize(dtype)
         if expected > 2**62 or expected != nbytes or nbytes < 0:
             raise WireFormatError(f"block {key:016x}: nbytes {nbytes} does not match shape {tuple(shape)} × {dtype}")
         total += nbytes
@@ -315,9 +322,9 @@ class _Columns:
         kinds = set(self.dtypes)
         itemsizes: float | np.ndarray
         if len(kinds) == 1:  # NOTE: the usual case, one dtype for every block
-            itemsizes = float(_ITEMSIZE.get(self.dtypes[0]) or dtype_from_name(self.dtypes[0]).itemsize)
+            itemsizes = float(_itemsize(self.dtypes[0]))
         else:
-            itemsizes = np.array([_ITEMSIZE.get(d) or dtype_from_name(d).itemsize for d in self.dtypes], np.float64)
+            itemsizes = np.array([_itemsize(d) for d in self.dtypes], np.float64)
         # NOTE: products in float64 first, so an absurd shape cannot wrap around int64
         expected = self._shape_products(offsets, dims) * itemsizes
         nbytes = self.ints["nbytes"]

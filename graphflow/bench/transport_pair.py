@@ -4,7 +4,7 @@ Role 0 sends, role 1 receives. For each size, both sides run, in turn and ``repe
 the raw reference (one plain message of ``size`` bytes per iteration over the same backend: an
 ucxx ``send`` of a numpy buffer, an MPI ``Send``), ours (a KV transfer of ``size`` bytes cut
 into blocks of ``block_bytes``: header, checksums and all, received into pooled tensors) and
-*bare*: the raw buffer cut into the data messages the wire would cut (``message_runs``), sent
+*bare*: the raw buffer cut into the data messages the wire would cut (``message_spans``), sent
 as plain messages of the backend, the receiver hashing each block of a message (xxh3-64) as
 soon as it lands — no header, no checks, no pool. Bare is what a receiver that verifies every
 byte reaches over that backend with no protocol around it (for MPI: with Open MPI's own copy,
@@ -27,10 +27,11 @@ import torch
 import xxhash
 
 from transport.base import TransferSpec, Transport
+from transport.layout import message_spans
 from transport.memory import host_arena
 from transport.message import MessageTransport
 from transport.pool import TensorPool
-from transport.wire import BlockHeader, checksum, message_runs
+from transport.wire import BlockHeader, checksum
 
 __all__ = ["BenchPlan", "blocks_for", "run_pair"]
 
@@ -155,13 +156,11 @@ def _bare_cut(buf: np.ndarray, sizes: list[int]) -> tuple[list[tuple[int, memory
     view) and, per message, its blocks' views."""
     msgs: list[tuple[int, memoryview]] = []
     blocks: list[list[memoryview]] = []
-    view, lo = buf.data.cast("B"), 0
-    for m, run in enumerate(message_runs(sizes)):
-        n = sum(sizes[i] for i in run)
+    view = buf.data.cast("B")
+    for m, (run, lo, n) in enumerate(message_spans(sizes)):
         msgs.append((_BARE_SEQ + m, view[lo : lo + n]))
         bounds = list(itertools.accumulate((sizes[i] for i in run), initial=lo))
         blocks.append([view[a:b] for a, b in itertools.pairwise(bounds)])
-        lo += n
     return msgs, blocks
 
 

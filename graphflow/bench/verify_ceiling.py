@@ -11,7 +11,7 @@ whose receiver copies and verifies on the same core:
   under MPI and UCX) and are read again for the checksum;
 * ``copy_and_hash_s`` — :func:`transport.wire.copy_with_digests`, each chunk hashed right after
   it is copied, still in cache (the ``local`` backend's path);
-* ``copy_and_hash_shared_s`` — the same, the span's messages (:func:`transport.layout.message_runs`
+* ``copy_and_hash_shared_s`` — the same, the span's messages (:func:`transport.layout.message_spans`
   of its blocks) shared between this thread and a helper thread
   (:class:`transport.local.SharedCopy`, the ``local`` backend's path from 4 MiB on);
 * ``copy_contended_s`` — the copy while a second thread hashes another span of the same size
@@ -38,7 +38,7 @@ import numpy as np
 import xxhash
 
 from graphflow.bench.timing import median_seconds
-from transport.layout import message_runs
+from transport.layout import message_spans
 from transport.local import SharedCopy
 from transport.memory import host_arena
 from transport.wire import copy_with_digests
@@ -102,11 +102,10 @@ def verify_ceiling(
                 return copy_with_digests(d.data, s.data, b)
 
             def copy_and_hash_shared(s: np.ndarray = src, d: np.ndarray = dst, b: list[int] = blocks) -> list[int]:
-                jobs, lo = [], 0
-                for seq, run in enumerate(message_runs(b)):
-                    n = sum(b[i] for i in run)
-                    jobs.append((seq, d[lo : lo + n].data, s[lo : lo + n].data, [b[i] for i in run]))
-                    lo += n
+                jobs = [
+                    (seq, d[lo : lo + n].data, s[lo : lo + n].data, [b[i] for i in run])
+                    for seq, (run, lo, n) in enumerate(message_spans(b))
+                ]
                 shared = SharedCopy(jobs)
                 helper = pool.submit(shared.work)
                 shared.work()

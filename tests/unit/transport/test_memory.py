@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transport.layout import MESSAGE_BYTES, message_runs
+from transport.layout import MESSAGE_BYTES, message_runs, message_spans
 from transport.memory import HUGE_PAGE_BYTES, HostArena
 
 
@@ -65,6 +65,12 @@ def test_message_runs_are_greedy_and_keep_big_blocks_alone():
     assert message_runs([MESSAGE_BYTES] * 2) == [range(0, 1), range(1, 2)]
     with pytest.raises(ValueError):
         message_runs([1], max_message_bytes=0)
+
+
+def test_message_spans_give_each_runs_bytes():
+    assert message_spans([]) == []
+    assert message_spans([1, 1, 1], max_message_bytes=2) == [(range(0, 2), 0, 2), (range(2, 3), 2, 1)]
+    assert message_spans([5, 1, 1], max_message_bytes=2) == [(range(0, 1), 0, 5), (range(1, 3), 5, 2)]
 
 
 def test_own_slabs_are_recycled_once_idle_and_released_on_request():
