@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import read_csv, replace_section, save_figure, write_csv, write_meta
-from graphflow.checks.launch import run_two_processes
+from graphflow.harness.launch import run_two_processes
 
 __all__ = ["SYSTEM_LABELS", "Study", "by_system", "ideal_s", "reduce", "run_agents", "same_tokens", "study_main"]
 

@@ -52,7 +52,10 @@ def _result_json(result: Any) -> dict[str, Any]:
     return {
         "final": result.final,
         "bytes_moved": result.bytes_moved,
+        "root_prefill_tokens": result.root_prefill_tokens,
+        "prefill_tokens": result.prefill_tokens,
         "prefill_tokens_saved": result.prefill_tokens_saved,
+        "wall_s": result.wall_s,
         "trace": [t.__dict__ if hasattr(t, "__dict__") else _slots(t) for t in result.trace],
     }
 
@@ -77,6 +80,14 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             help="Template KV: exact (never approximate), differential (base + residual for hot paths) "
             "or stateless (base only).",
         ),
+        transport: str = typer.Option(
+            "ucx", help="How replicas move KV: ucx (shared memory on one host, tcp/IB across) or ray (object store)."
+        ),
+        device: str = typer.Option("cpu", help="Where each replica's engine and KV live: cpu or cuda."),
+        gpus_per_replica: float = typer.Option(0.0, help="GPUs Ray reserves for each replica (cuda needs > 0)."),
+        replace: bool = typer.Option(
+            False, "--replace", help="Shut down a running deployment of other settings instead of refusing."
+        ),
         detach: bool = typer.Option(False, "--detach", help="Leave the deployment running and return."),
         snapshot_dir: str = typer.Option(
             "", help="Where the KV manager snapshots its catalog ('' = $GRAPHFLOW_CACHE/manager-snapshot)."
@@ -87,12 +98,11 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         from graphflow.client import CALIBRATION_KEY, calibrate_cluster
         from graphflow.models.fetch import cache_root
         from graphflow.models.registry import resolve
-        from graphflow.runtime.actors import RayCluster
+        from graphflow.runtime.actors import Deployment, RayCluster
         from graphflow.runtime.cluster import connect, start_head
-        from graphflow.runtime.templates import kv_mode as kv_mode_of
 
         resolve(model)
-        kv_mode_of(kv_mode)
+        Deployment(model, replicas, kv_mode, capacity_mib << 20, transport, device, gpus_per_replica)  # checks input
         if address:
             ray = connect(address)
             head = address
@@ -102,8 +112,9 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         say(f"starting {replicas} replicas of {model}")
         snapshots = snapshot_dir or str(cache_root() / "manager-snapshot")
         cluster = RayCluster.start(
-            ray, model, replicas, capacity_mib << 20, detached=True, snapshot_dir=snapshots, kv_mode=kv_mode
-        )
+            ray, model, replicas, capacity_mib << 20, detached=True, snapshot_dir=snapshots, kv_mode=kv_mode,
+            transport=transport, device=device, gpus_per_replica=gpus_per_replica, replace_existing=replace,
+        )  # fmt: skip
         say("measuring prefill and replica-to-replica transfer costs for the scheduler")
         calibration = calibrate_cluster(cluster)
         cluster.share(CALIBRATION_KEY, calibration)
@@ -114,9 +125,11 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             "model": model,
             "kv_mode": kv_mode,
             "snapshot_dir": snapshots,
-            "link_bandwidth_bytes_per_s": calibration.link.bandwidth_bytes_per_s,
-            "link_latency_s": calibration.link.latency_s,
-        }
+            "transport": transport,
+            "device": device,
+            "links": [{"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
+                      for (a, b), ln in sorted(calibration.links.pairs.items())],
+        }  # fmt: skip
         if json_out:
             emit(info)
         else:
@@ -178,6 +191,9 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         table = Table(
             "replica",
             "model",
+            "transport",
+            "node",
+            "device",
             "blocks",
             "states",
             "used MiB",
@@ -191,6 +207,9 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             table.add_row(
                 s["replica"],
                 s["model"],
+                s.get("transport", ""),
+                str(s.get("node", ""))[:12],
+                s.get("device", ""),
                 str(s["blocks"]),
                 str(s["states"]),
                 f"{s['used_bytes'] / 2**20:.1f}",
@@ -232,6 +251,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         model: str = typer.Option("tiny-llama", help="Registry name."),
         decode: int = typer.Option(8, help="Tokens each node generates."),
         context_repeats: int = typer.Option(24, help="Task context length, in repeats of a ~180-char problem."),
+        transport: str = typer.Option("ucx", help="How the replicas move KV: ucx or ray."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     ) -> None:
         """A workflow with parallel branches on replica actors, exact mode vs all reuse off.
@@ -248,23 +268,27 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         nodes += [WorkflowNode("join", "ScEnsemble", "ENSEMBLE"), WorkflowNode("check", "Custom", "REVIEW")]
         edges = tuple((f"b{i}", "join") for i in range(branches)) + (("join", "check"),)
         wf = Workflow("e2e", "check", tuple(nodes), edges, ("check",))
-        client = connect(None, model=model, replicas=replicas, decode_steps=decode)
+        client = connect(None, model=model, replicas=replicas, decode_steps=decode, transport=transport)
         task = (
             "A warehouse ships 120 boxes on Monday and 3 times as many on Tuesday. Each box holds 8 items. "
             "How many items were shipped in the two days together? "
         ) * context_repeats
         exact = client.run(task, wf)
         plain = client.run(task, wf, reuse=False)
+        transports = sorted({s["transport"] for s in client.status()})
         result = {
             "outputs_identical": exact.outputs == plain.outputs,
             "bytes_moved": exact.bytes_moved,
+            "root_prefill_tokens": exact.root_prefill_tokens,
             "prefill_tokens_saved": exact.prefill_tokens_saved,
-            "transport": "ray",
+            "prefill_tokens_reuse": exact.prefill_tokens,
+            "prefill_tokens_no_reuse": plain.prefill_tokens,
+            "transport": transports[0] if len(transports) == 1 else ",".join(transports),
             "replicas": replicas,
             "branches": branches,
             "replicas_used": sorted({t.replica for t in exact.trace}),
             "decisions": {t.node: t.decision for t in exact.trace},
-            "link_gbps": client.executor.link.gbps,
+            "link_gbps_min": client.executor.links.slowest.gbps,
         }
         if json_out:
             emit(result)

@@ -2,9 +2,11 @@
 
 ``connect()`` with no address starts an embedded local Ray and a deployment (tests, laptop);
 ``connect("ray://host:10001")`` attaches to a deployment started by ``graphflow serve``.
-Decisions use costs measured on the live replicas (a few prefills, and probe transfers at three
-sizes, fastest of three each): ``graphflow serve`` measures them once and shares them on the
-deployment's board; an embedded or recalibrating client measures its own.
+Decisions use costs measured on the live replicas (a few prefills, cache rebuilds from blocks,
+template rebuilds from base + residual where the deployment serves them, and probe transfers
+at three sizes between every ordered pair of replicas, fastest of three each): ``graphflow
+serve`` measures them once and shares them on the deployment's board; an embedded or
+recalibrating client measures its own.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from typing import Any, NamedTuple
 from graphflow.runtime.executor import RunResult, WorkflowExecutor
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import Workflow
-from scheduler.calibrate import fit_link, fit_prefill
-from scheduler.cost import LinkSpec
+from scheduler.calibrate import fit_linear, fit_link, fit_prefill
+from scheduler.cost import LinkMatrix, LinkSpec
 from scheduler.policy import Policy
 from transport.base import transfer_ids
 
-__all__ = ["CALIBRATION_KEY", "Calibration", "Client", "calibrate_cluster", "connect", "measure_link"]
+__all__ = ["CALIBRATION_KEY", "Calibration", "Client", "calibrate_cluster", "connect", "measure_link", "measure_pair"]
 
 _probe_ids = transfer_ids()
 
@@ -30,7 +32,7 @@ class Calibration(NamedTuple):
     """Measured costs the executor decides with."""
 
     policy: Policy
-    link: LinkSpec
+    links: LinkMatrix
     kv_bytes_per_token: int
     model_key: str
 
@@ -60,21 +62,28 @@ def measure_link(cluster: Any, src: str, dst: str, sizes: tuple[int, ...] = LINK
 
 
 def calibrate_cluster(cluster: Any) -> Calibration:
-    """Measure prefill on the first replica and the replica-to-replica link (if two)."""
+    """Measure prefill, resume and (outside exact mode) reconstruct costs on the first replica,
+    and the link of every ordered replica pair."""
     r0 = cluster.replicas[0]
     prefill = fit_prefill(cluster.get(cluster.call(r0, "prefill_seconds", [64, 256, 1024, 2048])))
     bpt = cluster.get(cluster.call(r0, "kv_bytes_per_token"))
     model_key = cluster.get(cluster.call(r0, "model_key"))
-    link = LinkSpec("none", 1.0, 1e9)  # one replica: transfers are never chosen
-    if len(cluster.replicas) > 1:
-        r1 = cluster.replicas[1]
-        samples = measure_link(cluster, r0, r1)
-        try:
-            link = fit_link(samples, "replica-link", r0, r1)
-        except ValueError:  # still noise-bound: measure once more with four times the sizes
-            samples = measure_link(cluster, r0, r1, tuple(4 * n for n in LINK_PROBE_BYTES))
-            link = fit_link(samples, "replica-link", r0, r1)
-    return Calibration(Policy(prefill), link, bpt, model_key)
+    mode = cluster.get(cluster.call(r0, "stats"))["kv_mode"]
+    costs = cluster.get(cluster.call(r0, "cost_samples", [256, 1024, 2048]))
+    reconstruct = fit_linear(costs["reconstruct"]) if mode != "exact" else None
+    pairs = {(a, b): measure_pair(cluster, a, b) for a in cluster.replicas for b in cluster.replicas if a != b}
+    # one replica: transfers are never chosen; the default answers no pair
+    links = LinkMatrix(pairs) if pairs else LinkMatrix({}, LinkSpec("none", 1.0, 1e9))
+    return Calibration(Policy(prefill, fit_linear(costs["resume"]), reconstruct), links, bpt, model_key)
+
+
+def measure_pair(cluster: Any, src: str, dst: str) -> LinkSpec:
+    """The α-β link ``src`` → ``dst`` from probe transfers (four times larger while noise-bound)."""
+    try:
+        return fit_link(measure_link(cluster, src, dst), "replica-link", src, dst)
+    except ValueError:  # still noise-bound: measure once more with four times the sizes
+        samples = measure_link(cluster, src, dst, tuple(4 * n for n in LINK_PROBE_BYTES))
+        return fit_link(samples, "replica-link", src, dst)
 
 
 @dataclass
@@ -101,10 +110,12 @@ CALIBRATION_KEY = "calibration"
 
 
 def connect(address: str | None = None, model: str = "tiny-llama", replicas: int = 2, decode_steps: int = 16,
-            recalibrate: bool = False, kv_mode: str = "exact") -> Client:  # fmt: skip
+            recalibrate: bool = False, kv_mode: str = "exact", transport: str = "ucx",
+            device: str = "cpu") -> Client:  # fmt: skip
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
-    (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless; an
-    attached deployment keeps the mode it was served with).
+    (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
+    move KV over ``transport``: ucx or ray; an attached deployment keeps what it was served
+    with, and an embedded one of other settings in this process is replaced).
 
     An attached client uses the calibration ``graphflow serve`` measured and shared, unless
     there is none, it was measured for another model, or ``recalibrate`` asks for a new one.
@@ -115,7 +126,8 @@ def connect(address: str | None = None, model: str = "tiny-llama", replicas: int
 
     if address is None:
         ray = start_local()
-        cluster = RayCluster.start(ray, model, replicas, kv_mode=kv_mode)
+        cluster = RayCluster.start(ray, model, replicas, kv_mode=kv_mode, transport=transport, device=device,
+                                   replace_existing=True)  # fmt: skip
         calibration = calibrate_cluster(cluster)
     else:
         ray = ray_connect(address)
@@ -127,5 +139,5 @@ def connect(address: str | None = None, model: str = "tiny-llama", replicas: int
         else:
             calibration = calibrate_cluster(cluster)
             cluster.share(CALIBRATION_KEY, calibration)
-    policy, link, bpt, model_key = calibration
-    return Client(cluster, WorkflowExecutor(cluster, policy, link, bpt, model_key, decode_steps))
+    policy, links, bpt, model_key = calibration
+    return Client(cluster, WorkflowExecutor(cluster, policy, links, bpt, model_key, decode_steps))

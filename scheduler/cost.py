@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LinearCost", "LinkSpec", "PrefillModel", "t_prefill", "t_prefill_suffix", "t_transfer"]
+__all__ = ["LinearCost", "LinkMatrix", "LinkSpec", "PrefillModel", "t_prefill", "t_prefill_suffix", "t_transfer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,34 @@ class LinkSpec:
     @property
     def gbps(self) -> float:
         return self.bandwidth_bytes_per_s * 8 / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class LinkMatrix:
+    """Measured links per ordered peer pair ``(src, dst)``; ``default`` answers pairs that were
+    not measured (``None``: such a pair is an error)."""
+
+    pairs: dict[tuple[str, str], LinkSpec]
+    default: LinkSpec | None = None
+
+    @classmethod
+    def uniform(cls, link: LinkSpec) -> LinkMatrix:
+        """One link for every pair (a model, e.g. for tests or a homogeneous cluster)."""
+        return cls({}, link)
+
+    def link(self, src: str, dst: str) -> LinkSpec:
+        found = self.pairs.get((src, dst), self.default)
+        if found is None:
+            raise ValueError(f"no measured link {src} → {dst} (measured: {sorted(self.pairs)}); recalibrate")
+        return found
+
+    @property
+    def slowest(self) -> LinkSpec:
+        """The lowest-bandwidth link (what a summary should quote as the floor)."""
+        links = [*self.pairs.values(), *([self.default] if self.default else [])]
+        if not links:
+            raise ValueError("the link matrix is empty")
+        return min(links, key=lambda s: s.bandwidth_bytes_per_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,19 @@ For a node needing ``total`` context tokens on replica ``r``:
 | option | predicted seconds | new KV bytes on r |
 |---|---|---|
 | REUSE (p tokens cached on r) | T_suffix(p, total) | (total − p)·bpt |
-| TRANSFER (q tokens on s) | T_transfer(q·bpt) + T_resume(q·bpt) + T_suffix(q, total) | total·bpt |
-| RECONSTRUCT (Δ: k tokens, h redone) | T_reconstruct(bytes) + T_suffix(k − h, k) + T_suffix(k, total) | total·bpt |
+| TRANSFER (q tokens on s) | T_xfer((q − p)·bpt) + T_resume((q − p)·bpt) + T_suffix(q, total) | (total − p)·bpt |
+| RECONSTRUCT ([o, o + k), h redone) | T_suffix(p', o) + T_rec(bytes) + T_suffix(o, o + h) | (total − p')·bpt |
+|  | + T_suffix(o + k, total) | |
 | RECOMPUTE | T_prefill(total) | total·bpt |
 
+(p' = min(p, o): the local prefix in front of the rebuilt span.) Only the blocks past the
+destination's own prefix travel, so a transfer is priced, and executed, as ``q − p`` tokens.
+
 score = seconds + λ · new bytes (λ in seconds per byte; 0 by default). Every option that
-applies is costed and kept in the frozen :class:`Decision`; the executor attaches the
-measured seconds afterwards, and :func:`regret` / :func:`prediction_error` grade the record.
+applies is costed and kept in the frozen :class:`Decision`, which also carries what the
+replica needs to carry the chosen option out (local tokens to reuse, the source and the token
+range to receive, the residual to apply); the executor attaches the measured seconds
+afterwards, and :func:`regret` / :func:`prediction_error` grade the record.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ __all__ = [
     "decide",
     "place",
     "prediction_error",
+    "recompute",
     "regret",
 ]
 
@@ -46,23 +53,32 @@ class Option(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RemoteCopy:
+    """``tokens`` leading context tokens held on ``replica`` (reached at transport ``address``)."""
+
     replica: str
     tokens: int
     link: LinkSpec
+    address: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class ResidualCopy:
-    """A base + residual that rebuilds ``tokens`` of the context from ``nbytes`` of residual;
-    ``recompute`` of them (the template's head, which the codec does not store) are recomputed."""
+    """A base (+ residual) on the replica that rebuilds ``tokens`` context tokens starting at
+    position ``start`` from ``nbytes`` of residual; ``recompute`` of them (the template's head,
+    which the codec does not store) are recomputed. ``op`` and ``path`` name the template."""
 
     tokens: int
     nbytes: int
     recompute: int = 0
+    start: int = 0
+    op: str = ""
+    path: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.recompute <= self.tokens:
             raise ValueError(f"recompute must lie in [0, tokens={self.tokens}], got {self.recompute}")
+        if self.start < 0:
+            raise ValueError(f"start must be non-negative, got {self.start}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,14 +122,51 @@ class Decision:
     reason: str
     measured_s: float | None = None
     measured_all_s: dict[Option, float] | None = None
+    total_tokens: int = 0
+    local_tokens: int = 0  # leading tokens the replica reuses from its own store
+    source_tokens: int = 0  # TRANSFER: the source holds [0, source_tokens); [local, source) travel
+    source_address: str = ""  # TRANSFER: the source's transport address
+    residual: ResidualCopy | None = None  # RECONSTRUCT: the base + residual to apply
+    fallback: str = ""  # why a failure forced this recompute ("" for a policy decision)
 
     @property
     def chosen_predicted_s(self) -> float:
         return self.predicted_s[self.option]
 
+    @property
+    def receive(self) -> tuple[int, int]:
+        """Token range whose blocks travel from the source (empty unless TRANSFER)."""
+        if self.option is not Option.TRANSFER:
+            return (0, 0)
+        return (self.local_tokens, self.source_tokens)
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Context tokens the chosen option prefills (predicted; the replica reports actuals)."""
+        if self.option is Option.REUSE:
+            return self.total_tokens - self.local_tokens
+        if self.option is Option.TRANSFER:
+            return self.total_tokens - self.source_tokens
+        if self.option is Option.RECONSTRUCT and self.residual is not None:
+            return self.total_tokens - self.residual.tokens + self.residual.recompute
+        return self.total_tokens
+
     def with_measured(self, seconds: float, all_options: dict[Option, float] | None = None) -> Decision:
         """A copy carrying what the chosen option actually took (and, in sweeps, every option)."""
         return replace(self, measured_s=seconds, measured_all_s=all_options)
+
+
+def _reconstruct_s(req: StateRequest, pol: Policy, res: ResidualCopy) -> tuple[float, int]:
+    """Seconds and local tokens of RECONSTRUCT (see the table in the module docstring)."""
+    assert pol.reconstruct is not None
+    total = req.total_tokens
+    start = min(res.start, total)
+    end = min(start + res.tokens, total)
+    local = min(req.local_tokens, start)
+    head = t_prefill_suffix(pol.prefill, start, min(start + res.recompute, end))
+    seconds = (t_prefill_suffix(pol.prefill, local, start) + pol.reconstruct(res.nbytes) + head
+               + t_prefill_suffix(pol.prefill, end, total))  # fmt: skip
+    return seconds, local
 
 
 def _options(req: StateRequest, pol: Policy) -> dict[Option, tuple[float, int, str]]:
@@ -127,28 +180,29 @@ def _options(req: StateRequest, pol: Policy) -> dict[Option, tuple[float, int, s
             (total - req.local_tokens) * bpt,
             req.replica,
         )
-    best_remote = None
+    best = _best_remote(req, pol)
+    if best is not None:
+        copy, seconds = best
+        opts[Option.TRANSFER] = (seconds, (total - req.local_tokens) * bpt, copy.replica)
+    res = req.residual
+    if res is not None and pol.reconstruct is not None and res.tokens > 0 and res.start < total:
+        seconds, local = _reconstruct_s(req, pol, res)
+        opts[Option.RECONSTRUCT] = (seconds, (total - local) * bpt, req.replica)
+    return opts
+
+
+def _best_remote(req: StateRequest, pol: Policy) -> tuple[RemoteCopy, float] | None:
+    """The remote copy whose missing blocks (past the local prefix) arrive and resume fastest."""
+    best: tuple[RemoteCopy, float] | None = None
     for copy in req.remote:
-        q = min(copy.tokens, total)
+        q = min(copy.tokens, req.total_tokens)
         if q <= req.local_tokens:
             continue
-        nbytes = (q - req.local_tokens) * bpt
-        s = t_transfer(nbytes, copy.link) + pol.resume(nbytes) + t_prefill_suffix(pol.prefill, q, total)
-        if best_remote is None or s < best_remote[0]:
-            best_remote = (s, total * bpt, copy.replica)
-    if best_remote is not None:
-        opts[Option.TRANSFER] = best_remote
-    if req.residual is not None and pol.reconstruct is not None and req.residual.tokens > 0:
-        k = min(req.residual.tokens, total)
-        h = min(req.residual.recompute, k)
-        # the h recomputed tokens attend over the k rebuilt ones: costed like a k − h → k suffix
-        head = t_prefill_suffix(pol.prefill, k - h, k) if h else 0.0
-        opts[Option.RECONSTRUCT] = (
-            pol.reconstruct(req.residual.nbytes) + head + t_prefill_suffix(pol.prefill, k, total),
-            total * bpt,
-            req.replica,
-        )
-    return opts
+        nbytes = (q - req.local_tokens) * req.kv_bytes_per_token
+        s = t_transfer(nbytes, copy.link) + pol.resume(nbytes) + t_prefill_suffix(pol.prefill, q, req.total_tokens)
+        if best is None or s < best[1]:
+            best = (copy, s)
+    return best
 
 
 def decide(req: StateRequest, pol: Policy) -> Decision:
@@ -159,6 +213,17 @@ def decide(req: StateRequest, pol: Policy) -> Decision:
     rank = list(Option)
     best = min(scores, key=lambda o: (scores[o], rank.index(o)))
     reason = req.reason if not req.compatible else f"{best.value}: lowest predicted cost"
+    local, source_tokens, address, residual = 0, 0, "", None
+    if best is Option.REUSE:
+        local = req.local_tokens
+    elif best is Option.TRANSFER:
+        copy, _ = _best_remote(req, pol) or (None, 0.0)
+        assert copy is not None
+        local, source_tokens, address = req.local_tokens, min(copy.tokens, req.total_tokens), copy.address
+    elif best is Option.RECONSTRUCT:
+        assert req.residual is not None
+        residual = req.residual
+        local = min(req.local_tokens, residual.start)
     return Decision(
         option=best,
         replica=req.replica,
@@ -167,7 +232,20 @@ def decide(req: StateRequest, pol: Policy) -> Decision:
         scores=scores,
         new_bytes={o: v[1] for o, v in opts.items()},
         reason=reason,
+        total_tokens=req.total_tokens,
+        local_tokens=local,
+        source_tokens=source_tokens,
+        source_address=address,
+        residual=residual,
     )
+
+
+def recompute(replica: str, total_tokens: int, kv_bytes_per_token: int, pol: Policy, why: str,
+              fallback: str = "") -> Decision:  # fmt: skip
+    """A RECOMPUTE decision made without weighing options (reuse off, or a failure's fallback)."""
+    return Decision(Option.RECOMPUTE, replica, "", {Option.RECOMPUTE: t_prefill(pol.prefill, total_tokens)},
+                    {Option.RECOMPUTE: 0.0}, {Option.RECOMPUTE: total_tokens * kv_bytes_per_token}, why,
+                    total_tokens=total_tokens, fallback=fallback)  # fmt: skip
 
 
 def place(requests: Sequence[StateRequest], queue_s: dict[str, float], pol: Policy) -> Decision:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import read_csv, replace_section, save_figure, write_csv, write_meta
-from graphflow.checks.launch import run_two_processes
+from graphflow.harness.launch import run_two_processes
 
 HERE = Path(__file__).parent
 SYSTEMS = ("dense", "text", "local", "ours")

@@ -1,6 +1,6 @@
 """Agents fanning out from shared root contexts on two replicas: time, KV memory and tokens.
 
-Two processes (``python -m graphflow.checks.pair --job agents``): role 0 is replica A, role 1
+Two processes (``python -m graphflow.harness.pair --job agents``): role 0 is replica A, role 1
 replica B. A workload is ``roots`` root contexts of ``root_tokens`` tokens each, whose state an
 upstream step already computed on A (A's prefill of one root is measured and reported as
 ``root_prefill_s``), and ``agents_per_root`` agents per root, each with its own

@@ -8,10 +8,10 @@ from functools import partial
 from pathlib import Path
 
 from graphflow.bench.timing import median_seconds
-from graphflow.kv.differential import ResidualCodec, apply_residual, base_kv, frame0_residual, template_kv
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
+from graphflow.runtime.calibration import TEMPLATE_LENGTHS, reconstruct_samples
 from scheduler.calibrate import Profile, fit_linear, fit_link, fit_prefill, save_profile
 from transport.base import TransportConfig
 from transport.local import LocalTransport
@@ -21,23 +21,6 @@ __all__ = ["PREFILL_LENGTHS", "PROBE_TOKENS", "TEMPLATE_LENGTHS", "calibrate", "
 
 PREFILL_LENGTHS = (96, 384, 1536, 3000)
 PROBE_TOKENS = (48, 400, 1600, 5000)
-TEMPLATE_LENGTHS = (16, 64, 256)
-
-
-def reconstruct_samples(
-    engine: Engine, lengths: Sequence[int] = TEMPLATE_LENGTHS, repeats: int = 3
-) -> list[tuple[int, float]]:
-    """``(residual bytes, seconds)`` to rebuild a template's KV from its base and a dense
-    residual (``apply_residual``: add, re-rotate to the offset), per template length. The
-    residual is a real one: the template run after a prefix as long as itself."""
-    rope, codec, samples = engine.identity.rope, ResidualCodec(), []
-    for n in lengths:
-        text = prompt_token_ids(engine.tokenizer, 2 * n)
-        prefix, ids = text[:n], text[n:]
-        base = base_kv(engine, ids)
-        enc = codec.encode(frame0_residual(template_kv(engine, ids, prefix), base, n, rope))
-        samples.append((enc.nbytes, median_seconds(partial(apply_residual, base, enc, n, rope), repeats)))
-    return samples
 
 
 def _local_link(sizes: Sequence[int], block_bytes: int, repeats: int) -> list[tuple[int, float]]:
@@ -74,7 +57,7 @@ def calibrate(
         if backend == "local":
             samples = _local_link(sizes, bpt * bt, repeats)
         elif backend in ("ucx", "mpi"):
-            from graphflow.checks.launch import run_two_processes
+            from graphflow.harness.launch import run_two_processes
 
             args = ["--job", "probe", "--sizes", ",".join(map(str, sizes)), "--block-bytes", str(bpt * bt),
                     "--repeats", str(repeats), "--timeout", "600"]  # fmt: skip

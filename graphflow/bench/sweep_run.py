@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from graphflow.bench.netns import shaped_link
 from graphflow.bench.sweep import analyse, summarize
-from graphflow.checks.launch import run_two_processes
+from graphflow.harness.launch import run_two_processes
+from graphflow.harness.netns import shaped_link
 
 __all__ = ["run_sweep"]
 

@@ -1,6 +1,6 @@
 """``graphflow bench transport``: ours vs the raw reference of each backend, in the same run.
 
-* ``ucx``, ``mpi`` — two processes (``graphflow.checks.pair``); see ``transport_pair``. Their
+* ``ucx``, ``mpi`` — two processes (``graphflow.harness.pair``); see ``transport_pair``. Their
   rows also carry ``bare_gbps`` / ``bare_ratio``: the same bytes as plain messages cut as the
   wire cuts them, hashed by the receiver as they land (no protocol) — the ceiling for ours.
 * ``local`` — one process: ours is a LocalTransport pair, send and receive (into pooled
@@ -182,7 +182,7 @@ def bench_transport(
         elif backend == "ray":
             rows += _bench_ray(plan)
         elif backend in ("ucx", "mpi"):
-            from graphflow.checks.launch import run_two_processes
+            from graphflow.harness.launch import run_two_processes
 
             args = [
                 "--job", "bench", "--sizes", ",".join(map(str, plan.sizes)), "--block-bytes", str(plan.block_bytes),

@@ -1,4 +1,4 @@
-"""One side of the two-process transport benchmark (run through ``graphflow.checks.pair``).
+"""One side of the two-process transport benchmark (run through ``graphflow.harness.pair``).
 
 Role 0 sends, role 1 receives. For each size, both sides run, in turn and ``repeats`` times,
 the raw reference (one plain message of ``size`` bytes per iteration over the same backend: an

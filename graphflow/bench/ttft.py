@@ -1,6 +1,6 @@
 """Time to first token of an agent whose upstream context lives on another replica.
 
-Two processes (``python -m graphflow.checks.pair --job ttft``): role 0 is replica A, which
+Two processes (``python -m graphflow.harness.pair --job ttft``): role 0 is replica A, which
 computed the upstream agent's state (``L`` context tokens); role 1 is replica B, where the
 next agent runs with its own ``S``-token suffix. B measures, per context, from the moment the
 request reaches it to its first token (median of ``repeats`` after one warm-up):

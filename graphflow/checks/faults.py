@@ -37,7 +37,7 @@ from graphflow.runtime.errors import error_message, root_cause
 from graphflow.runtime.executor import NodeTrace, RunResult, WorkflowExecutor
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import Workflow, WorkflowNode, functional_role, load_corpus, references
-from scheduler.cost import LinkSpec, PrefillModel
+from scheduler.cost import LinkMatrix, LinkSpec, PrefillModel
 from scheduler.policy import Policy
 
 __all__ = ["SCENARIOS", "ScenarioResult", "run_faults"]
@@ -103,10 +103,10 @@ class FaultSuite:
         time.sleep(0.5)  # NOTE: let Ray release the actor's name before it is created again
 
     def executor(self, favour_transfers: bool = False) -> WorkflowExecutor:
-        policy, link, bpt, key = self.calibration
+        policy, links, bpt, key = self.calibration
         if favour_transfers:  # prefill priced high and the link fast, so transfers are chosen
-            policy, link = Policy(PrefillModel(0.0, 1e-2, 0.0)), LinkSpec("ray", 1e12, 1e-5)
-        return WorkflowExecutor(self.cluster, policy, link, bpt, key, self.decode)
+            policy, links = Policy(PrefillModel(0.0, 1e-2, 0.0)), LinkMatrix.uniform(LinkSpec("model", 1e12, 1e-5))
+        return WorkflowExecutor(self.cluster, policy, links, bpt, key, self.decode)
 
     def correct(self, task: str, result: RunResult) -> bool:
         return result.outputs == self.expected[task]
@@ -223,7 +223,8 @@ class FaultSuite:
         from graphflow.kv.codec import to_wire
         from graphflow.kv.packing import cache_to_blocks
         from graphflow.models.engine import Engine
-        from graphflow.runtime.replica import NodeRun
+        from graphflow.runtime.plan import NodePlan
+        from scheduler.policy import Option
         from transport.base import TransferSpec, TransportConfig, transfer_ids
         from transport.registry import create
 
@@ -231,10 +232,14 @@ class FaultSuite:
         other = Engine.load("tiny-qwen2")
         ids = list(self.ids[self.tasks[0]][:64])
         headers, tensors = to_wire(cache_to_blocks(other.prefill(ids).cache, ids, other.identity, 16))
-        driver = create("ray", TransportConfig(timeout_s=self.timeout_s), name="faults-driver")
+        backend = getattr(c.deployment(), "transport", "ucx")
+        driver = create(backend, TransportConfig(timeout_s=self.timeout_s),
+                        **({"name": "faults-driver"} if backend == "ray" else {}))  # fmt: skip
         try:
             tid = next(transfer_ids())
-            node = c.call(r0, "run_node", NodeRun("faults-foreign", (*ids, 65), 2, True, driver.address, 64, tid))
+            plan = NodePlan("faults-foreign", (*ids, 65), 2, Option.TRANSFER, receive=(0, 64),
+                            source_address=driver.address, transfer_id=tid)  # fmt: skip
+            node = c.call(r0, "run_node", plan)
             dst = c.get(c.call(r0, "address"))
             driver.send(TransferSpec.for_headers(tid, dst, headers), headers, tensors)
             c.get(node)

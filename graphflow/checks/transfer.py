@@ -24,15 +24,14 @@ from typing import Any
 
 import torch
 
-from graphflow.kv.block import chain_keys
 from graphflow.kv.codec import from_wire, to_wire
+from graphflow.kv.exchange import spec_for_prompt
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
-from graphflow.kv.state import ModelIdentity
 from graphflow.models.engine import Engine, clone_cache
 from graphflow.models.prompts import prompt_token_ids
 from transport.base import TransferSpec, Transport
 
-__all__ = ["TransferCheck", "receive_side", "send_side", "spec_for_prompt"]
+__all__ = ["TransferCheck", "receive_side", "send_side"]
 
 TRANSFER_ID = 4242
 
@@ -43,19 +42,6 @@ class TransferCheck:
     tokens: int = 200
     steps: int = 16
     block_tokens: int = 16
-
-
-def spec_for_prompt(
-    identity: ModelIdentity, ids: list[int], block_tokens: int, peer: str, transfer_id: int = TRANSFER_ID
-) -> TransferSpec:
-    """The transfer spec a receiver derives from the prompt alone (keys and byte sizes)."""
-    keys = chain_keys(ids, identity.model_key, block_tokens)
-    itemsize = getattr(torch, identity.layout.dtype).itemsize
-    sizes = [
-        identity.layout.bytes_per_token(itemsize) * min(block_tokens, len(ids) - lo)
-        for lo in range(0, len(ids), block_tokens)
-    ]
-    return TransferSpec(transfer_id, peer, tuple(keys), tuple(sizes))
 
 
 def send_side(check: TransferCheck, transport: Transport, peer: str, rendezvous: Path) -> dict[str, Any]:
@@ -78,7 +64,7 @@ def send_side(check: TransferCheck, transport: Transport, peer: str, rendezvous:
 def receive_side(check: TransferCheck, transport: Transport, peer: str, rendezvous: Path) -> dict[str, Any]:
     engine = Engine.load(check.model)
     ids = prompt_token_ids(engine.tokenizer, check.tokens)
-    received = transport.recv(spec_for_prompt(engine.identity, ids, check.block_tokens, peer))
+    received = transport.recv(spec_for_prompt(engine.identity, ids, check.block_tokens, peer, TRANSFER_ID))
     cache = blocks_to_cache(from_wire(received.headers, received.tensors), engine.identity, engine.config)
     expected_path = rendezvous / "expected.json"
     deadline = time.monotonic() + 60
@@ -129,7 +115,7 @@ def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60
     from transport.local import LocalTransport
 
     if backend in ("ucx", "mpi"):
-        from graphflow.checks.launch import run_two_processes
+        from graphflow.harness.launch import run_two_processes
 
         args = ["--job", "transfer", "--model", check.model, "--tokens", str(check.tokens), "--timeout", str(timeout_s)]
         sent, got = run_two_processes(backend, args, timeout_s * 3 + 120)

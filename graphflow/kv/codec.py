@@ -18,7 +18,7 @@ __all__ = ["from_wire", "load_blocks", "save_blocks", "to_wire"]
 
 
 def to_wire(blocks: Sequence[KVBlock]) -> tuple[list[BlockHeader], list[torch.Tensor]]:
-    """Headers and host tensors for ``blocks`` (CUDA tensors are copied to host here)."""
+    """Headers and host tensors for ``blocks`` (device tensors are copied to pinned host memory)."""
     headers = [
         BlockHeader(
             key=b.key,
@@ -32,7 +32,15 @@ def to_wire(blocks: Sequence[KVBlock]) -> tuple[list[BlockHeader], list[torch.Te
         )
         for b in blocks
     ]
-    return headers, [b.tensor if b.tensor.device.type == "cpu" else b.tensor.cpu() for b in blocks]
+    return headers, [b.tensor if b.tensor.device.type == "cpu" else _pinned_copy(b.tensor) for b in blocks]
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A device tensor copied into page-locked host memory (the transport reads it from there;
+    a pinned buffer lets the device copy engine write it directly)."""
+    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+    host.copy_(t)
+    return host
 
 
 def from_wire(headers: Sequence[BlockHeader], tensors: Sequence[torch.Tensor]) -> list[KVBlock]:

@@ -24,6 +24,8 @@ __all__ = [
     "RecoveryStep",
     "ReplicaInfo",
     "StateRecord",
+    "TemplateEvent",
+    "TemplateHolding",
     "batch_from_blocks",
     "take_rows",
 ]
@@ -36,6 +38,7 @@ class ReplicaInfo:
     device: str = "cpu"
     budget_bytes: int = 1 << 30
     address: str = ""  # transport address peers use to reach it
+    transport: str = ""  # the backend that address belongs to (ucx, ray, local)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,28 @@ class EvictEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class TemplateHolding:
+    """A replica can rebuild ``op``'s template (of ``tokens`` tokens, version ``version``) from
+    its base plus, for ``path``, a residual of ``nbytes``; ``path`` is ``None`` for a base
+    that serves every path (stateless mode). ``recompute`` head tokens are recomputed."""
+
+    op: str
+    path: tuple[str, ...] | None
+    version: str
+    tokens: int
+    nbytes: int
+    recompute: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateEvent:
+    """Everything a replica can rebuild now (replaces what it reported before)."""
+
+    replica: str
+    holdings: tuple[TemplateHolding, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PrefixMatch:
     replica: str
     num_blocks: int
@@ -89,6 +114,7 @@ class NodeLookup:
     keys: tuple[int, ...]
     matches: tuple[PrefixMatch, ...]  # best first
     leased_replica: str | None
+    templates: tuple[tuple[str, TemplateHolding], ...] = ()  # (replica, holding) for the node's template
 
 
 @dataclass(frozen=True, slots=True)

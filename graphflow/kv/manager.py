@@ -31,6 +31,8 @@ from graphflow.kv.events import (
     RecoveryStep,
     ReplicaInfo,
     StateRecord,
+    TemplateEvent,
+    TemplateHolding,
     batch_from_blocks,
     take_rows,
 )
@@ -67,6 +69,7 @@ class KVStateManager(Snapshots):
         self._lookups = 0
         self._hits: dict[str, int] = {}
         self._hit_tokens: dict[str, int] = {}
+        self._templates: dict[str, tuple[TemplateHolding, ...]] = {}  # replica → what it can rebuild
         self._snapshots: tuple[Path, float] | None = None
         self._last_snapshot = float("-inf")
 
@@ -96,6 +99,7 @@ class KVStateManager(Snapshots):
         rows = np.flatnonzero(self.catalog.col("alive") & (self.catalog.col("replica") == code))
         self.catalog.kill(rows.astype(np.int64))
         del self._replicas[name]
+        self._templates.pop(name, None)
         return len(rows)
 
     def resync_replica(self, info: ReplicaInfo, admits: Sequence[AdmitEvent], now_s: float = 0.0) -> int:
@@ -124,15 +128,31 @@ class KVStateManager(Snapshots):
         return self.replicas
 
     # ---- events --------------------------------------------------------------------------
-    def apply(self, events: Sequence[AdmitEvent | EvictEvent], now_s: float) -> None:
+    def apply(self, events: Sequence[AdmitEvent | EvictEvent | TemplateEvent], now_s: float) -> None:
         """Apply a batch of replica events in order. Each admit is validated before anything
-        changes; a bad admit raises ``ValueError`` and leaves the manager as it was before it."""
+        changes; a bad admit raises ``ValueError`` and leaves the manager as it was before it.
+        A ``TemplateEvent`` replaces what its replica reported it can rebuild."""
         for ev in events:
             if isinstance(ev, AdmitEvent):
                 self._admit(ev, now_s)
+            elif isinstance(ev, TemplateEvent):
+                self.replica(ev.replica)
+                self._templates[ev.replica] = tuple(ev.holdings)
             else:
                 self._evict(ev)
         self._maybe_snapshot()
+
+    def templates_for(self, op: str, path: tuple[str, ...], version: str) -> tuple[tuple[str, TemplateHolding], ...]:
+        """``(replica, holding)`` for every replica that can rebuild ``op``'s template (of
+        ``version``) after ``path``: a residual for that path, or a path-free base."""
+        out = []
+        for replica, held in self._templates.items():
+            if replica not in self._replicas:
+                continue
+            fits = [h for h in held if h.op == op and h.version == version and h.path in (path, None)]
+            if fits:
+                out.append((replica, min(fits, key=lambda h: h.path is None)))  # a residual over a bare base
+        return tuple(out)
 
     def _admit(self, ev: AdmitEvent, now_s: float) -> None:
         self.replica(ev.replica)
@@ -245,21 +265,30 @@ class KVStateManager(Snapshots):
         return sorted(matches, key=lambda m: (-m.num_blocks, m.replica))
 
     def begin_node(
-        self, token_ids: Sequence[int], model_key: str, now_s: float, lease_s: float = 30.0, prefer: str | None = None
+        self,
+        token_ids: Sequence[int],
+        model_key: str,
+        now_s: float,
+        lease_s: float = 30.0,
+        prefer: str | None = None,
+        template: tuple[str, tuple[str, ...], str] | None = None,
     ) -> NodeLookup:
-        """Round trip 1 of a node: prefix matches everywhere; the best match is leased and hit."""
+        """Round trip 1 of a node: prefix matches everywhere (the best match is leased until
+        ``now_s + lease_s`` and hit) and, given ``template`` = (op, path, version), the replicas
+        that can rebuild that template from base (+ residual)."""
         keys = tuple(chain_keys(token_ids, model_key, self.block_tokens))
         matches = self.longest_prefix(keys)
         self._lookups += 1
+        held = self.templates_for(*template) if template is not None else ()
         if not matches:
-            return NodeLookup(keys, (), None)
+            return NodeLookup(keys, (), None, held)
         best = next((m for m in matches if m.replica == prefer and m.num_blocks == matches[0].num_blocks), matches[0])
         rows = self._rows_on(keys[: best.num_blocks], best.replica)
         self._hits[best.replica] = self._hits.get(best.replica, 0) + 1
         self._hit_tokens[best.replica] = self._hit_tokens.get(best.replica, 0) + best.num_tokens
         self.catalog.touch(rows, now_s)
         self.catalog.set_lease(rows, now_s + lease_s)
-        return NodeLookup(keys, tuple(matches), best.replica)
+        return NodeLookup(keys, tuple(matches), best.replica, held)
 
     def state(self, state_id: str) -> StateRecord:
         try:

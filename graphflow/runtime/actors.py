@@ -1,7 +1,7 @@
 """Thin Ray actor shells around plain classes, and the Ray deployment the executor drives.
 
-* ``ReplicaWorker`` → named actor ``graphflow-replica-<i>`` (threaded: a replica can send
-  blocks while it runs a node);
+* ``ReplicaWorker`` → named actor ``graphflow-replica-<i>`` (``ReplicaActor``: threaded, so a
+  replica can send blocks while it runs a node; it records the Ray node it landed on);
 * ``KVStateManager`` → named, detached actor ``graphflow-manager`` shared by every client;
 * ``Board`` → named actor ``graphflow-board``: values the deployment shares with its clients
   (the calibration measured at ``graphflow serve``, so clients need not re-measure);
@@ -12,19 +12,62 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from graphflow.kv.manager import KVStateManager, ReplicaInfo
+from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 from graphflow.runtime.templates import kv_mode as kv_mode_of
 
-__all__ = ["BOARD_NAME", "MANAGER_NAME", "Board", "CallWorker", "RayCluster", "call_worker", "replica_name"]
+__all__ = ["BOARD_NAME", "MANAGER_NAME", "TRANSPORTS", "Board", "CallWorker", "Deployment", "RayCluster",
+           "ReplicaActor", "call_worker", "replica_name"]  # fmt: skip
 
 MANAGER_NAME = "graphflow-manager"
 BOARD_NAME = "graphflow-board"
 SNAPSHOT_KEY = "snapshot_dir"
+DEPLOYMENT_KEY = "deployment"
 NAMESPACE = "graphflow"
+TRANSPORTS = ("ucx", "ray")  # how served replicas move KV between each other
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """What a deployment serves; kept on its board so a second ``serve`` can tell."""
+
+    model: str
+    replicas: int
+    kv_mode: str = "exact"
+    capacity_bytes: int = 1 << 30
+    transport: str = "ucx"
+    device: str = "cpu"
+    gpus_per_replica: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.replicas <= 0:
+            raise ValueError(f"need at least one replica, got {self.replicas}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {self.transport!r} for served replicas; use one of "
+                             f"{', '.join(TRANSPORTS)}")  # fmt: skip
+        if self.device.startswith("cuda") and self.gpus_per_replica <= 0:
+            raise ValueError("a cuda deployment needs --gpus-per-replica > 0 so Ray places each replica on a GPU")
+        if self.gpus_per_replica < 0:
+            raise ValueError(f"gpus_per_replica must be non-negative, got {self.gpus_per_replica}")
+        kv_mode_of(self.kv_mode)  # a clear error here rather than from inside every actor
+
+    def describe(self) -> str:
+        return (f"{self.replicas} × {self.model} ({self.kv_mode} KV, {self.capacity_bytes >> 20} MiB each, "
+                f"{self.transport}, {self.device})")  # fmt: skip
+
+
+class ReplicaActor(ReplicaWorker):
+    """The Ray actor of a replica: a ``ReplicaWorker`` that knows its Ray node."""
+
+    def __init__(self, config: ReplicaConfig) -> None:
+        import ray
+
+        super().__init__(replace(config, node=config.node or ray.get_runtime_context().get_node_id()))
 
 
 def replica_name(i: int) -> str:
@@ -69,37 +112,60 @@ class RayCluster:
 
     @classmethod
     def start(cls, ray: Any, model: str, n: int, capacity_bytes: int = 1 << 30, detached: bool = False,
-              snapshot_dir: str = "", timeout_s: float = 120.0, kv_mode: str = "exact") -> RayCluster:  # fmt: skip
-        """Create the manager and ``n`` replica actors (reusing any that already exist).
+              snapshot_dir: str = "", timeout_s: float = 120.0, kv_mode: str = "exact", transport: str = "ucx",
+              device: str = "cpu", gpus_per_replica: float = 0.0, replace_existing: bool = False,
+              eviction: str = "score") -> RayCluster:  # fmt: skip
+        """Create the manager and ``n`` replica actors, unless this deployment already runs.
 
-        With ``snapshot_dir`` the manager snapshots its catalog there (Parquet), and a manager
-        that dies is restarted from it plus what the replicas report holding. ``kv_mode``:
-        ``exact``, ``differential`` or ``stateless`` template KV (``graphflow.runtime.templates``)."""
-        if n <= 0:
-            raise ValueError(f"need at least one replica, got {n}")
-        kv_mode_of(kv_mode)  # a clear error here rather than from inside every actor
+        A running deployment of the same model, replicas, mode, capacity, transport and device
+        is attached to; one of anything else is refused with ``ValueError`` naming both, or,
+        with ``replace_existing``, shut down first. With ``snapshot_dir`` the manager snapshots
+        its catalog there (Parquet), and a manager that dies is restarted from it plus what the
+        replicas report holding. ``transport``: how replicas move KV (``ucx``; ``ray`` where
+        UCX cannot connect). ``device``: ``cpu`` or ``cuda`` (``gpus_per_replica`` GPUs each)."""
+        want = Deployment(model, n, kv_mode, capacity_bytes, transport, device, gpus_per_replica)
+        running = cls._running(ray)
+        if running is not None and running != want:
+            if not replace_existing:
+                raise ValueError(f"this Ray cluster already serves {running.describe()}; asked for {want.describe()}: "
+                                 "stop it (`graphflow shutdown`) or pass --replace")  # fmt: skip
+            cls.attach(ray).shutdown()
+            time.sleep(1.0)  # NOTE: let Ray release the actors' names before they are created again
         life = {"lifetime": "detached"} if detached else {}
         manager = ray.remote(KVStateManager).options(name=MANAGER_NAME, namespace=NAMESPACE, get_if_exists=True,
-                                                     num_cpus=0, **life).remote()  # fmt: skip
+                                                     num_cpus=0, **life).remote(16, time.time())  # fmt: skip
         board = ray.remote(Board).options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0,
                                           **life).remote()  # fmt: skip
         names = [replica_name(i) for i in range(n)]
         handles = {}
         for name in names:
-            cfg = ReplicaConfig(name, model, capacity_bytes, transport="ray", timeout_s=timeout_s, kv_mode=kv_mode)
-            actor = ray.remote(ReplicaWorker).options(
-                name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, max_concurrency=4, **life
-            )
+            cfg = ReplicaConfig(name, model, capacity_bytes, transport=transport, timeout_s=timeout_s, kv_mode=kv_mode,
+                                device=device, eviction=eviction)  # fmt: skip
+            actor = ray.remote(ReplicaActor).options(
+                name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, num_gpus=gpus_per_replica,
+                max_concurrency=4, **life,
+            )  # fmt: skip
             handles[name] = actor.remote(cfg)
-        addresses = ray.get([handles[n_].address.remote() for n_ in names])
-        ray.get([manager.add_replica.remote(ReplicaInfo(n_, budget_bytes=capacity_bytes, address=a))
-                 for n_, a in zip(names, addresses, strict=True)])  # fmt: skip
+        infos = ray.get([handles[n_].info.remote() for n_ in names])
+        ray.get([manager.add_replica.remote(i) for i in infos])
         cluster = cls(ray, names, handles, manager, board)
+        cluster.share(DEPLOYMENT_KEY, want)
         if snapshot_dir:
             cluster.share(SNAPSHOT_KEY, snapshot_dir)
             ray.get(manager.enable_snapshots.remote(snapshot_dir))
             ray.get(manager.snapshot.remote(snapshot_dir))  # never leave an older deployment's snapshot there
         return cluster
+
+    @staticmethod
+    def _running(ray: Any) -> Deployment | None:
+        """The deployment on this Ray cluster (``None``: none)."""
+        try:
+            board = ray.get_actor(BOARD_NAME, namespace=NAMESPACE)
+            ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
+        except ValueError:
+            return None
+        found = ray.get(board.get.remote(DEPLOYMENT_KEY))
+        return found if isinstance(found, Deployment) else None
 
     @classmethod
     def attach(cls, ray: Any) -> RayCluster:
@@ -137,7 +203,7 @@ class RayCluster:
 
         ray = self.ray
         opts = {"name": MANAGER_NAME, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached"}
-        self._manager = ray.remote(KVStateManager).options(num_cpus=0, **opts).remote()
+        self._manager = ray.remote(KVStateManager).options(num_cpus=0, **opts).remote(16, time.time())
         snapshot_dir = self.shared(SNAPSHOT_KEY)
         if snapshot_dir:
             with contextlib.suppress(ValueError):  # no snapshot yet: the replicas' holdings alone rebuild it
@@ -150,7 +216,7 @@ class RayCluster:
                 self.replicas = [r for r in self.replicas if r != name]
                 self.handles.pop(name, None)
                 continue
-            reported += ray.get(self._manager.resync_replica.remote(info, held))
+            reported += ray.get(self._manager.resync_replica.remote(info, held, time.time()))
         if snapshot_dir:
             ray.get(self._manager.enable_snapshots.remote(snapshot_dir))
         return reported
@@ -185,10 +251,14 @@ class RayCluster:
         self.ray.get(self._board.put.remote(key, value))
 
     def stats(self) -> list[dict[str, Any]]:
-        """Replica memory and blocks, with the manager's prefix-hit counts per replica."""
+        """Replica memory, blocks, transport and node, with the manager's prefix-hit counts."""
         hits = self.manager("hit_stats")
         stats = self.ray.get([self.handles[r].stats.remote() for r in self.replicas])
         return [{**s, **hits.get(s["replica"], {})} for s in stats]
+
+    def deployment(self) -> Deployment | None:
+        found = self.shared(DEPLOYMENT_KEY)
+        return found if isinstance(found, Deployment) else None
 
     def shutdown(self) -> None:
         for h in [*self.handles.values(), self._manager, self._board]:

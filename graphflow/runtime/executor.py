@@ -1,34 +1,44 @@
 """Run a compiled workflow G_s on several replicas with the scheduler's decisions.
 
-Per node: manager lookup (longest prefix everywhere) → ``scheduler.place`` over the replicas
-(REUSE where the prefix is, TRANSFER from the best other replica, or RECOMPUTE) → the
-replica runs it (the source replica sends blocks concurrently when transferring) → the
-node's new state is registered with the manager. Ready nodes run concurrently.
+Per run: the task root is materialized once (a trace row of its own). Per ready node:
 
-The executor talks to replicas and the manager through a small :class:`Cluster` interface,
-so it is the same plain class over Ray actors (``runtime.actors``) and over in-process
-workers (unit tests).
+```
+context tokens, hashed once ─► manager.begin_node(keys, template, now)   one round trip
+   ─► scheduler.place(...) ─► Decision (reuse / transfer / reconstruct / recompute, replica,
+                                        local prefix, range to receive, residual to apply)
+   ─► NodePlan ─► replica.run_node   (the source replica sends the missing blocks meanwhile)
+   ─► manager.apply(admits, evictions, template holdings, now)
+```
+
+Ready nodes run concurrently. A node whose replica dies or whose transfer fails is recomputed
+on a live replica; the decision's ``fallback`` says why. The executor talks to replicas and
+the manager through a small :class:`Cluster` interface, so it is the same plain class over Ray
+actors (``runtime.actors``) and over in-process workers (unit tests). Times come from an
+injected ``clock`` (seconds; the manager's catalog stores them relative to its epoch).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from graphflow.kv.diffstore import base_version
 from graphflow.kv.errors import MissingBlocks
+from graphflow.kv.events import ReplicaInfo, TemplateEvent, TemplateHolding
 from graphflow.runtime.errors import root_cause
-from graphflow.runtime.replica import NodeResult, NodeRun
+from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult, TemplateRef
 from graphflow.workflow.compile import ROOT, ExecGraph, node_context, node_path
-from scheduler.cost import LinkSpec
-from scheduler.policy import Decision, Option, Policy, RemoteCopy, StateRequest, place
+from scheduler.cost import LinkMatrix, LinkSpec
+from scheduler.policy import Decision, Option, Policy, RemoteCopy, ResidualCopy, StateRequest, place, recompute
 from transport.base import transfer_ids
 from transport.errors import TransportError
 
-__all__ = ["FALLBACK", "Cluster", "NodeTrace", "RunResult", "WorkflowExecutor"]
+__all__ = ["MATERIALIZE", "Cluster", "NodeTrace", "RunResult", "WorkflowExecutor", "next_use"]
 
-FALLBACK = "fallback: "  # prefix of a decision's reason when a failure forced a recompute
+MATERIALIZE = "materialize"  # the decision of the root's trace row
 
 
 class Cluster(Protocol):
@@ -48,18 +58,19 @@ class Cluster(Protocol):
 class NodeTrace:
     node: str
     replica: str
-    decision: str
+    decision: str  # what ran: reuse / transfer / reconstruct / recompute (or materialize for the root)
     source: str
     predicted_s: float
     measured_s: float
     ttft_s: float
     bytes_moved: int
     prefill_tokens: int
-    prefill_tokens_saved: int
+    prefill_tokens_saved: int  # tokens whose KV was reused (own store or received), not prefilled
     context_tokens: int
     output: str
     note: str = ""  # why a fallback happened (a failed transfer, a lost replica), else ""
     rebuilt_tokens: int = 0  # template tokens the replica rebuilt from base + residual (not prefilled)
+    planned: str = ""  # the scheduler's choice, when what ran differs from it
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,34 +78,75 @@ class RunResult:
     outputs: dict[str, tuple[int, ...]]
     texts: dict[str, str]
     final: str
-    trace: tuple[NodeTrace, ...]
+    trace: tuple[NodeTrace, ...]  # the root's materialization (reuse on) first, then each node
     decisions: tuple[Decision, ...] = field(default=(), compare=False)
+    wall_s: float = field(default=0.0, compare=False)
+
+    @property
+    def nodes(self) -> tuple[NodeTrace, ...]:
+        """The workflow's node rows (without the root's materialization)."""
+        return tuple(t for t in self.trace if t.decision != MATERIALIZE)
 
     @property
     def bytes_moved(self) -> int:
         return sum(t.bytes_moved for t in self.trace)
 
     @property
+    def root_prefill_tokens(self) -> int:
+        return sum(t.prefill_tokens for t in self.trace if t.decision == MATERIALIZE)
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Every token this run prefilled, the root's materialization included."""
+        return sum(t.prefill_tokens for t in self.trace)
+
+    @property
     def prefill_tokens_saved(self) -> int:
-        return sum(t.prefill_tokens_saved for t in self.trace)
+        """Net tokens not prefilled against running every node from scratch: KV reused or
+        rebuilt in the nodes, less the root's own prefill (negative when nothing reused it)."""
+        return sum(t.prefill_tokens_saved + t.rebuilt_tokens for t in self.nodes) - self.root_prefill_tokens
+
+
+def next_use(gs: ExecGraph, done: set[str], ready: Sequence[str], run_id: str) -> tuple[tuple[str, int], ...]:
+    """For each state the unfinished nodes extend, the topological steps until one needs it
+    (0: a node that is ready now). Nodes of ``ready`` count 0."""
+    level: dict[str, int] = {}
+    for n in gs.nodes:  # topological order
+        level[n.id] = 1 + max((level[p] for p in n.preds), default=-1)
+    left = [n for n in gs.nodes if n.id not in done]
+    if not left:
+        return ()
+    floor = min(level[n.id] for n in left)
+    out: dict[str, int] = {}
+    for n in left:
+        sid = f"{run_id}:{n.state_parent}"
+        steps = 0 if n.id in ready else level[n.id] - floor
+        out[sid] = min(steps, out.get(sid, steps))
+    return tuple(sorted(out.items()))
 
 
 class WorkflowExecutor:
-    """Args: ``policy`` calibrated costs; ``link`` the measured replica-to-replica link."""
+    """Args: ``policy`` calibrated costs; ``links`` the measured replica-to-replica links (one
+    ``LinkSpec`` stands for every pair); ``clock`` seconds for the manager's timestamps."""
 
     _ids = transfer_ids()
 
-    def __init__(self, cluster: Cluster, policy: Policy, link: LinkSpec, kv_bytes_per_token: int,
-                 model_key: str, decode_steps: int = 16) -> None:  # fmt: skip
+    def __init__(self, cluster: Cluster, policy: Policy, links: LinkMatrix | LinkSpec, kv_bytes_per_token: int,
+                 model_key: str, decode_steps: int = 16, clock: Callable[[], float] = time.time,
+                 block_tokens: int = 16, lease_s: float = 60.0) -> None:  # fmt: skip
         if not cluster.replicas:
             raise ValueError("the cluster has no replicas")
         self.cluster = cluster
         self.policy = policy
-        self.link = link
+        self.links = links if isinstance(links, LinkMatrix) else LinkMatrix.uniform(links)
         self.bpt = kv_bytes_per_token
         self.model_key = model_key
         self.decode_steps = decode_steps
+        self.clock = clock
+        self.block_tokens = block_tokens
+        self.lease_s = lease_s
         self._cache: dict[str, list[int]] = {}
+        self._info: dict[str, ReplicaInfo] = {}
 
     def run(self, gs: ExecGraph, task_ids: Sequence[int], run_id: str, reuse: bool = True,
             on_node: Callable[[NodeTrace], None] | None = None) -> RunResult:  # fmt: skip
@@ -104,12 +156,14 @@ class WorkflowExecutor:
         whose replica dies or whose transfer fails is recomputed on a live replica; its trace
         says why (``note``). Bad requests raise ``ValueError``."""
         c = self.cluster
+        begin = time.perf_counter()
+        self._refresh_info()
+        traces: list[NodeTrace] = []
         if reuse:
-            self._materialize_root(f"{run_id}:{ROOT}", task_ids)
+            traces.append(self._materialize_root(f"{run_id}:{ROOT}", task_ids))
         tokens: dict[str, list[int]] = {ROOT: list(task_ids)}
         results: dict[str, NodeResult] = {}
         outputs: dict[str, tuple[int, ...]] = {}
-        traces: list[NodeTrace] = []
         decisions: list[Decision] = []
         in_flight: dict[Any, tuple[str, Decision, list[Any]]] = {}
         load = {r: 0 for r in c.replicas}
@@ -119,24 +173,30 @@ class WorkflowExecutor:
         turn = itertools.count()
         while len(results) < len(gs.nodes):
             launched = {v[0] for v in in_flight.values()}
-            for nid in gs.ready(set(results)):
+            ready = gs.ready(set(results))
+            for nid in ready:
                 if nid in launched:
                     continue
                 node = gs.node(nid)
                 ctx = node_context(node, tokens, outputs, task_ids, self._encode)
                 tokens[nid] = ctx
+                tmpl = TemplateRef(node.role, node_path(gs, nid), len(self._encode(node.template)))
                 if nid in retry:
-                    d = self._recompute(ctx, min(c.replicas, key=lambda r: load[r]), retry[nid])
+                    d = recompute(min(c.replicas, key=lambda r: load[r]), len(ctx), self.bpt, self.policy,
+                                  retry[nid], fallback=retry[nid])  # fmt: skip
                 elif reuse:
-                    d = self._decide(ctx, load)
+                    d = self._decide(ctx, tmpl, load)
                 else:
-                    d = self._recompute(ctx, c.replicas[next(turn) % len(c.replicas)])
+                    d = recompute(
+                        c.replicas[next(turn) % len(c.replicas)], len(ctx), self.bpt, self.policy, "reuse off"
+                    )
                 if d.option is Option.TRANSFER and d.replica in transferring:
                     continue  # NOTE: wait for the transfer in flight; the prefix will then be local
                 attempts[nid] = attempts.get(nid, 0) + 1
+                plan = self._plan(run_id, nid, ctx, d, reuse, node.preds, tmpl,
+                                  next_use(gs, set(results), ready, run_id) if reuse else ())  # fmt: skip
                 try:
-                    template = (node.role, node_path(gs, nid), len(self._encode(node.template)))
-                    handles = self._launch(run_id, nid, ctx, d, reuse, node.preds, template)
+                    handles = self._launch(plan, d, ctx)
                 except Exception as exc:
                     if not c.is_replica_failure(exc):
                         raise
@@ -161,18 +221,13 @@ class WorkflowExecutor:
                 retry[nid] = self._failed(exc, d, handles, attempts[nid])
                 continue
             self._finish_sends(d, handles[1:])
-            events = [*res.evicted, *([res.admit] if res.admit is not None else [])]
-            if events and reuse and res.replica in c.replicas:  # a lost replica's KV is gone
-                c.manager("apply", events, 0.0)
+            if reuse and res.replica in c.replicas:  # a lost replica's KV is gone
+                self._report(res)
             results[nid] = res
             outputs[nid] = res.output_ids
             retry.pop(nid, None)
             decisions.append(d.with_measured(res.total_s))
-            saved = res.reused_tokens + res.transferred_tokens
-            traces.append(NodeTrace(nid, res.replica, d.option.value, d.source, d.chosen_predicted_s, res.total_s,
-                                    res.ttft_s, res.bytes_moved, res.prefill_tokens, saved, len(tokens[nid]),
-                                    res.text, d.reason if d.reason.startswith(FALLBACK) else "",
-                                    res.rebuilt_tokens))  # fmt: skip
+            traces.append(self._trace(nid, d, res, len(tokens[nid])))
             if on_node is not None:
                 on_node(traces[-1])
         final = gs.outputs[-1]
@@ -182,20 +237,98 @@ class WorkflowExecutor:
             final=results[final].text,
             trace=tuple(traces),
             decisions=tuple(decisions),
+            wall_s=time.perf_counter() - begin,
         )
 
-    def _materialize_root(self, root: str, task_ids: Sequence[int]) -> None:
+    # ---- one node ------------------------------------------------------------------------
+    def _decide(self, ctx: list[int], tmpl: TemplateRef, load: dict[str, int]) -> Decision:
+        """One manager round trip, then the policy over every replica."""
+        version = base_version(self.model_key, ctx[len(ctx) - tmpl.tokens :]) if tmpl.tokens else ""
+        look = self.cluster.manager("begin_node", ctx, self.model_key, self.clock(), self.lease_s, None,
+                                    (tmpl.op, tmpl.path, version))  # fmt: skip
+        bt = self.block_tokens
+        usable = (len(ctx) - 1) // bt * bt
+        have = {m.replica: min(m.num_tokens, usable) // bt * bt for m in look.matches}
+        held: dict[str, TemplateHolding] = dict(look.templates)
+        requests = []
+        for r in self.cluster.replicas:
+            local = have.get(r, 0)
+            remote = tuple(RemoteCopy(o, n, self.links.link(o, r), self._address(o))
+                           for o, n in have.items() if o != r and n > local and o in self.cluster.replicas)  # fmt: skip
+            requests.append(StateRequest(r, len(ctx), self.bpt, local_tokens=local, remote=remote,
+                                         residual=self._residual(held.get(r), len(ctx), tmpl)))  # fmt: skip
+        queue = {r: n * self.policy.prefill(len(ctx)) for r, n in load.items()}
+        return place(requests, queue, self.policy)
+
+    @staticmethod
+    def _residual(h: TemplateHolding | None, total: int, tmpl: TemplateRef) -> ResidualCopy | None:
+        """What ``h`` rebuilds of this context: the template but its last token (prefilled)."""
+        if h is None or h.tokens != tmpl.tokens or tmpl.tokens < 2 or tmpl.tokens >= total:
+            return None
+        n = tmpl.tokens - 1
+        return ResidualCopy(n, h.nbytes, min(h.recompute, n), total - tmpl.tokens, tmpl.op, tmpl.path)
+
+    def _plan(self, run_id: str, nid: str, ctx: list[int], d: Decision, reuse: bool, preds: tuple[str, ...],
+              tmpl: TemplateRef, soon: tuple[tuple[str, int], ...]) -> NodePlan:  # fmt: skip
+        transfer = d.option is Option.TRANSFER
+        return NodePlan(
+            state_id=f"{run_id}:{nid}",
+            tokens=tuple(ctx),
+            decode_steps=self.decode_steps,
+            option=d.option,
+            keep=reuse,
+            local_tokens=d.local_tokens,
+            receive=d.receive,
+            source_address=d.source_address if transfer else "",
+            transfer_id=next(self._ids) if transfer else 0,
+            parents=tuple(f"{run_id}:{p}" for p in preds) if reuse else (),
+            template=tmpl,
+            next_use=soon,
+        )
+
+    def _launch(self, plan: NodePlan, d: Decision, ctx: list[int]) -> list[Any]:
+        c = self.cluster
+        if d.option is not Option.TRANSFER:
+            return [c.call(d.replica, "run_node", plan)]
+        lo, hi = plan.receive
+        send = c.call(d.source, "send_blocks", ctx[:hi], lo, self._address(d.replica), plan.transfer_id)
+        return [c.call(d.replica, "run_node", plan), send]
+
+    def _report(self, res: NodeResult) -> None:
+        events: list[Any] = [*res.evicted, *([res.admit] if res.admit is not None else [])]
+        if res.templates:
+            events.append(TemplateEvent(res.replica, res.templates))
+        self.cluster.manager("apply", events, self.clock())
+
+    def _trace(self, nid: str, d: Decision, res: NodeResult, context: int) -> NodeTrace:
+        ran = d.option
+        if (ran is Option.RECONSTRUCT and not res.rebuilt_tokens) or (
+            ran is Option.TRANSFER and not res.transferred_tokens
+        ):
+            ran = Option.REUSE if res.reused_tokens else Option.RECOMPUTE
+        note = "; ".join(x for x in (d.fallback, res.note) if x)
+        return NodeTrace(nid, res.replica, ran.value, d.source if ran is Option.TRANSFER else "", d.chosen_predicted_s,
+                         res.total_s, res.ttft_s, res.bytes_moved, res.prefill_tokens,
+                         res.reused_tokens + res.transferred_tokens, context, res.text, note, res.rebuilt_tokens,
+                         d.option.value if ran is not d.option else "")  # fmt: skip
+
+    def _materialize_root(self, root: str, task_ids: Sequence[int]) -> NodeTrace:
         c = self.cluster
         for replica in list(c.replicas):
             try:
-                c.manager("apply", c.get(c.call(replica, "materialize", root, list(task_ids))), 0.0)
-                return
+                got: MaterializeResult = c.get(c.call(replica, "materialize", root, list(task_ids)))
             except Exception as exc:
                 if not c.is_replica_failure(exc):
                     raise
                 self._lose(replica)
+                continue
+            c.manager("apply", list(got.events), self.clock())
+            note = "" if got.kept else "larger than the replica's store: not kept, nodes prefill it"
+            return NodeTrace(ROOT, replica, MATERIALIZE, "", self.policy.prefill(got.tokens), got.seconds, got.seconds,
+                             0, got.tokens, 0, got.tokens, "", note)  # fmt: skip
         raise RuntimeError("every replica failed; restart the deployment (`graphflow serve`)")
 
+    # ---- failures ------------------------------------------------------------------------
     def _failed(self, exc: BaseException, d: Decision, handles: list[Any], tries: int) -> str:
         """A node attempt failed: decide whether to retry it (by recompute) and say why."""
         c = self.cluster
@@ -209,7 +342,7 @@ class WorkflowExecutor:
         self._finish_sends(d, handles[1:])
         if tries > len(c.replicas) + 1:
             raise RuntimeError(f"node failed {tries} times, last because {why}") from exc
-        return f"{FALLBACK}{why}; recomputed"
+        return f"{why}; recomputed"
 
     def _finish_sends(self, d: Decision, sends: list[Any]) -> None:
         """Collect the source replica's send; a source that died meanwhile is dropped."""
@@ -237,43 +370,18 @@ class WorkflowExecutor:
         if not self.cluster.replicas:
             raise RuntimeError("every replica failed; restart the deployment (`graphflow serve`)")
 
+    # ---- helpers -------------------------------------------------------------------------
+    def _refresh_info(self) -> None:
+        """Transport addresses and nodes as the manager has them (one call per run)."""
+        self._info = {i.name: i for i in self.cluster.manager("list_replicas")}
+
+    def _address(self, replica: str) -> str:
+        info = self._info.get(replica)
+        if info is None or not info.address:
+            raise ValueError(f"the manager has no transport address for {replica}; restart the deployment")
+        return info.address
+
     def _encode(self, text: str) -> list[int]:
         if text not in self._cache:
             self._cache[text] = self.cluster.get(self.cluster.call(self.cluster.replicas[0], "encode", text))
         return self._cache[text]
-
-    def _decide(self, ctx: list[int], load: dict[str, int]) -> Decision:
-        look = self.cluster.manager("begin_node", ctx, self.model_key, 0.0, 60.0)
-        have = {m.replica: m.num_tokens for m in look.matches}
-        requests = []
-        for r in self.cluster.replicas:
-            remote = tuple(RemoteCopy(o, n, self.link) for o, n in have.items() if o != r and n > have.get(r, 0))
-            local = min(have.get(r, 0), len(ctx) - 1)
-            requests.append(StateRequest(r, len(ctx), self.bpt, local_tokens=max(local, 0), remote=remote))
-        queue = {r: n * self.policy.prefill(len(ctx)) for r, n in load.items()}
-        return place(requests, queue, self.policy)
-
-    def _recompute(self, ctx: list[int], replica: str, why: str = "reuse off") -> Decision:
-        return Decision(Option.RECOMPUTE, replica, "", {Option.RECOMPUTE: self.policy.prefill(len(ctx))},
-                        {Option.RECOMPUTE: 0.0}, {Option.RECOMPUTE: len(ctx) * self.bpt}, why)  # fmt: skip
-
-    def _launch(self, run_id: str, nid: str, ctx: list[int], d: Decision, reuse: bool, preds: tuple[str, ...],
-                template: tuple[str, tuple[str, ...], int]) -> list[Any]:  # fmt: skip
-        c = self.cluster
-        op, path, n_template = template
-        run = NodeRun(f"{run_id}:{nid}", tuple(ctx), self.decode_steps, reuse=reuse,
-                      parents=tuple(f"{run_id}:{p}" for p in preds) if reuse else (),
-                      op=op, path=path, template_tokens=n_template)  # fmt: skip
-        if d.option is not Option.TRANSFER:
-            return [c.call(d.replica, "run_node", run)]
-        tid = next(self._ids)
-        src_addr = c.get(c.call(d.source, "address"))
-        dst_addr = c.get(c.call(d.replica, "address"))
-        n = max(m for o, m in self._holdings(ctx).items() if o == d.source)
-        run = replace(run, reuse=True, transfer_from=src_addr, transfer_tokens=n, transfer_id=tid)
-        send = c.call(d.source, "send_prefix", ctx, n, dst_addr, tid)
-        return [c.call(d.replica, "run_node", run), send]
-
-    def _holdings(self, ctx: list[int]) -> dict[str, int]:
-        look = self.cluster.manager("begin_node", ctx, self.model_key, 0.0, 60.0)
-        return {m.replica: m.num_tokens for m in look.matches}

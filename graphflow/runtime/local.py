@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from graphflow.kv.manager import KVStateManager, ReplicaInfo
+from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 
 __all__ = ["LocalCluster", "ReplicaUnavailable"]
@@ -21,19 +22,29 @@ class LocalCluster:
     """Same interface as the Ray deployment; replicas talk over the local transport."""
 
     def __init__(self, model: str, replicas: int = 2, capacity_bytes: int = 1 << 28, timeout_s: float = 120.0,
-                 snapshot_dir: str = "", kv_mode: str = "exact") -> None:  # fmt: skip
+                 snapshot_dir: str = "", kv_mode: str = "exact", eviction: str = "score",
+                 **replica_options: Any) -> None:  # fmt: skip
         if replicas <= 0:
             raise ValueError(f"need at least one replica, got {replicas}")
         self.replicas = [f"replica-{i}" for i in range(replicas)]
         self.workers = {
             r: ReplicaWorker(
-                ReplicaConfig(r, model, capacity_bytes, transport="local", timeout_s=timeout_s, kv_mode=kv_mode)
-            )
+                ReplicaConfig(
+                    r,
+                    model,
+                    capacity_bytes,
+                    transport="local",
+                    timeout_s=timeout_s,
+                    kv_mode=kv_mode,
+                    eviction=eviction,
+                    **replica_options,
+                )
+            )  # fmt: skip
             for r in self.replicas
         }
-        self._manager = KVStateManager()
+        self._manager = KVStateManager(epoch_s=time.time())
         for r in self.replicas:
-            self._manager.add_replica(ReplicaInfo(r, budget_bytes=capacity_bytes, address=self.workers[r].address()))
+            self._manager.add_replica(self.workers[r].info())
         self.snapshot_dir = snapshot_dir
         if snapshot_dir:
             self._manager.enable_snapshots(snapshot_dir)
@@ -66,12 +77,13 @@ class LocalCluster:
     def restart_manager(self) -> int:
         """Replace the manager as if its process died: a fresh one restores the last snapshot
         (if kept) and resyncs every replica's holdings; returns the states reported."""
-        manager = KVStateManager()
+        manager = KVStateManager(epoch_s=time.time())
         if self.snapshot_dir:
             with contextlib.suppress(ValueError):  # no snapshot yet: the replicas' holdings alone rebuild it
                 manager.load_snapshot(self.snapshot_dir)
         live = [r for r in self.replicas if r not in self._stopped]
-        reported = sum(manager.resync_replica(self.workers[r].info(), self.workers[r].holdings()) for r in live)
+        reported = sum(manager.resync_replica(self.workers[r].info(), self.workers[r].holdings(), time.time())
+                       for r in live)  # fmt: skip
         if self.snapshot_dir:
             manager.enable_snapshots(self.snapshot_dir)
         self._manager = manager

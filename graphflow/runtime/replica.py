@@ -1,44 +1,55 @@
 """A model replica as a plain class: engine + block store + transport endpoint.
 
-``graphflow.runtime.actors`` wraps it in a Ray actor; tests drive it directly. A node run:
+``graphflow.runtime.actors`` wraps it in a Ray actor; tests drive it directly. It carries out
+the executor's :class:`~graphflow.runtime.plan.NodePlan`:
 
 ```
-tokens ─► longest local prefix (hash-chain keys in the store)            REUSE
-       ─► (optional) receive missing leading blocks from a peer replica   TRANSFER
-       ─► rebuild the cache from those blocks, prefill the rest           RECOMPUTE part
-          (differential/stateless modes: the node's template KV from base + residual,
-           runtime.templates, only its last token prefilled                RECONSTRUCT)
-       ─► greedy decode ─► pack the whole state, store it (shared blocks are not copied)
-       ─► report admits for the manager and a per-node trace
+context tokens [0 ── local ── lo ────── hi ──────── start ─────────── end)
+                └ own store ┘└ received ┘└ prefilled ┘└ template ───────┘
+                  REUSE        TRANSFER                  RECONSTRUCT: base (+ residual),
+                                                         only its last token prefilled
+   ─► greedy decode ─► pack the whole state, store it (shared blocks are not copied)
+   ─► admits / evictions for the manager, what it can rebuild now, a per-node trace
 ```
+
+Eviction (when a new state does not fit): the state with the lowest ``scheduler.eviction``
+score goes first — hits, bytes freed, age and the running workflows' steps until next use —
+and a state a ready node needs (``next_use`` 0) is never chosen; ``eviction="oldest"`` keeps
+the old oldest-first order (an ablation).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from graphflow.kv.block import chain_keys
-from graphflow.kv.codec import from_wire, to_wire
+from graphflow.kv.block import KVBlock, chain_keys
 from graphflow.kv.differential import ResidualCodec
 from graphflow.kv.diffstore import KVMode
 from graphflow.kv.errors import ChecksumMismatch, MissingBlocks
+from graphflow.kv.exchange import receive_blocks, send_blocks, spec_for_prompt
 from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo, StateRecord, batch_from_blocks
+from graphflow.kv.operators import evict as evict_state
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.kv.paths import PathKey
 from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
+from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.templates import TemplateKV, kv_mode
+from scheduler.eviction import EvictionWeights, eviction_scores
+from scheduler.policy import Option
 from transport.base import TransferSpec, Transport, TransportConfig
 
-__all__ = ["NodeResult", "NodeRun", "ReplicaConfig", "ReplicaWorker"]
+__all__ = ["EVICTION_POLICIES", "ReplicaConfig", "ReplicaWorker"]
+
+EVICTION_POLICIES = ("score", "oldest")
 
 
 def _templates(engine: Engine, config: ReplicaConfig) -> TemplateKV | None:
@@ -56,63 +67,48 @@ class ReplicaConfig:
     capacity_bytes: int = 1 << 30
     block_tokens: int = 16
     device: str = "cpu"
-    transport: str = "ray"
+    transport: str = "ucx"  # ucx | ray | local (peers reach the replica over this backend)
     timeout_s: float = 120.0
     kv_mode: str = "exact"  # exact | differential | stateless (runtime.templates)
     recompute_head: int = 12  # differential: template tokens recomputed, not rebuilt
     residual_refs: int = 4  # differential: exact executions averaged into a path's residual
     hot_min_count: int = 2  # differential: executions that make a path hot (others are pruned)
+    eviction: str = "score"  # score | oldest
+    node: str = ""  # the cluster node it runs on ("" = this host)
+
+    def __post_init__(self) -> None:
+        if self.eviction not in EVICTION_POLICIES:
+            raise ValueError(f"unknown eviction policy {self.eviction!r}; use one of {', '.join(EVICTION_POLICIES)}")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class NodeRun:
-    """What the executor asks a replica to do for one node."""
+@dataclass(slots=True)
+class _Held:
+    """Bookkeeping of one kept state (eviction inputs)."""
 
-    state_id: str
-    tokens: tuple[int, ...]
-    decode_steps: int
-    reuse: bool = True
-    transfer_from: str = ""  # peer transport address; "" = no transfer
-    transfer_tokens: int = 0  # leading tokens whose blocks the peer sends
-    transfer_id: int = 0
-    parents: tuple[str, ...] = ()
-    op: str = ""  # the node's operation (role); with template_tokens, enables template rebuilds
-    path: tuple[str, ...] = ()  # roles whose outputs precede the template (its path key)
-    template_tokens: int = 0  # the context's last tokens that are the operation's template
-
-
-@dataclass(frozen=True, slots=True)
-class NodeResult:
-    state_id: str
-    replica: str
-    output_ids: tuple[int, ...]
-    text: str
-    reused_tokens: int
-    transferred_tokens: int
-    prefill_tokens: int
-    bytes_moved: int
-    ttft_s: float
-    total_s: float
-    admit: AdmitEvent | None = field(default=None, compare=False)  # None: not kept (reuse off, no room)
-    evicted: tuple[EvictEvent, ...] = field(default=(), compare=False)  # states dropped to make room
-    rebuilt_tokens: int = 0  # template tokens not prefilled in order (base + residual; counts a recomputed head)
+    last_used_s: float
+    hits: int = 0
 
 
 class ReplicaWorker:
-    def __init__(self, config: ReplicaConfig) -> None:
+    def __init__(self, config: ReplicaConfig, clock: Callable[[], float] = time.monotonic) -> None:
         from transport.registry import create
 
         self.config = config
+        self.clock = clock
         self.engine = Engine.load(config.model, device=config.device)
         self.store = BlockStore(
             self.engine.identity,
             config.capacity_bytes,
             config.block_tokens,
-            Placement(config.name, device=config.device),
+            Placement(config.name, node=config.node or "localhost", device=config.device),
         )
         self._faults: list[str] = []
         self._lock = threading.RLock()  # store mutations (a replica runs several calls at once)
-        self._age: OrderedDict[str, None] = OrderedDict()  # kept states, oldest first
+        self._held: dict[str, _Held] = {}  # kept states, oldest first
+        self._next_use: dict[str, dict[str, int]] = {}  # run id → state id → steps until a node needs it
+        self.weights = EvictionWeights()
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
         self.templates = _templates(self.engine, config)
@@ -131,94 +127,117 @@ class ReplicaWorker:
         return self.engine.tokenizer.decode(list(ids))
 
     # ---- node execution ------------------------------------------------------------------
-    def run_node(self, run: NodeRun) -> NodeResult:
-        """Execute one node; see the module docstring. Raises ``ValueError`` on a bad request."""
-        if not run.tokens:
+    def run_node(self, plan: NodePlan) -> NodeResult:
+        """Carry out ``plan`` (see the module docstring). Raises ``ValueError`` on a bad request;
+        a transfer that fails raises the transport's error (the executor recomputes)."""
+        if not plan.tokens:
             raise ValueError("a node needs at least one context token")
-        if not 0 <= run.template_tokens <= len(run.tokens):
-            raise ValueError(f"template_tokens must lie in [0, {len(run.tokens)}] (the context's length), "
-                             f"got {run.template_tokens}")  # fmt: skip
-        self._check_length(len(run.tokens) + run.decode_steps)
+        n_tmpl = plan.template.tokens if plan.template else 0
+        if n_tmpl > len(plan.tokens):
+            raise ValueError(f"the template ({n_tmpl} tokens) must fit in the context ({len(plan.tokens)} tokens)")
+        self._check_length(len(plan.tokens) + plan.decode_steps)
         start = time.perf_counter()
-        ids = list(run.tokens)
-        bt = self.config.block_tokens
-        moved = 0
-        transferred = 0
-        evicted: list[EvictEvent] = []
-        if run.transfer_from and run.transfer_tokens > 0:
-            moved, transferred, evicted = self._receive(run, ids[: run.transfer_tokens])
-        prefix_blocks, dropped = self._local_prefix(ids) if (run.reuse or transferred) else ([], [])
-        evicted += dropped
-        reused = len(prefix_blocks) * bt
-        # NOTE: _local_prefix verified every block's checksum just now
-        cache = (blocks_to_cache(prefix_blocks, self.engine.identity, self.engine.config, verify_bytes=False)
-                 if prefix_blocks else None)  # fmt: skip
-        pre, rebuilt = self._prefill(run, ids, reused, cache)
+        ids = list(plan.tokens)
+        self._note_next_use(plan)
+        use_cache = plan.keep and plan.option is not Option.RECOMPUTE
+        rebuild_at = len(ids) - n_tmpl if plan.option is Option.RECONSTRUCT else len(ids)
+        local, evicted = self._local_prefix(ids, rebuild_at) if use_cache else ([], [])
+        moved, notes = 0, []
+        received: list[KVBlock] = []
+        lo, hi = plan.receive
+        if hi > lo:
+            moved, received, more = self._receive(plan, ids[:hi], lo)
+            evicted += more
+            if len(local) * self.config.block_tokens < lo:
+                notes.append(f"own prefix shrank to {len(local) * self.config.block_tokens} tokens; prefilled more")
+                received = []
+            else:
+                local = local[: lo // self.config.block_tokens]
+        prefix = local + received
+        cached = len(prefix) * self.config.block_tokens
+        # NOTE: _local_prefix verified every local block, the transport every received one
+        cache = (blocks_to_cache(prefix, self.engine.identity, self.engine.config, self.engine.device,
+                                 verify_bytes=False) if prefix else None)  # fmt: skip
+        pre, rebuilt, why = self._prefill(plan, ids, cached, cache)
+        notes += [why] if why else []
         first = int(torch.argmax(pre.logits))
         ttft = time.perf_counter() - start
-        out = self.engine.decode_greedy(pre.cache, first, run.decode_steps - 1) if run.decode_steps > 1 else None
+        out = self.engine.decode_greedy(pre.cache, first, plan.decode_steps - 1) if plan.decode_steps > 1 else None
         output = [first, *(out.token_ids if out else ())]
         # a rebuilt template is approximate: never offer it to later nodes as an exact prefix
-        keep = run.reuse and not rebuilt
-        admit, more = self._keep(run, ids + output[:-1], pre.cache) if keep else (None, [])
+        admit, more = self._keep(plan, ids + output[:-1], pre.cache) if plan.keep and not rebuilt else (None, [])
         evicted += more
+        transferred = len(received) * self.config.block_tokens
         return NodeResult(
-            state_id=run.state_id,
+            state_id=plan.state_id,
             replica=self.config.name,
             output_ids=tuple(output),
             text=self.decode_text(output),
-            reused_tokens=max(0, reused - transferred),
+            reused_tokens=cached - transferred,
             transferred_tokens=transferred,
-            prefill_tokens=len(ids) - reused - rebuilt,
+            prefill_tokens=len(ids) - cached - rebuilt,
             bytes_moved=moved,
             ttft_s=ttft,
             total_s=time.perf_counter() - start,
             admit=admit,
             evicted=tuple(evicted),
             rebuilt_tokens=rebuilt,
+            templates=self.templates.holdings() if self.templates else (),
+            note="; ".join(notes),
         )
 
-    def _prefill(self, run: NodeRun, ids: list[int], reused: int, cache: Any) -> tuple[Any, int]:
-        """Prefill ``ids[reused:]`` on ``cache``; in a differential or stateless mode, the node's
-        template is rebuilt from base (+ residual) where it can be. Returns (prefill, rebuilt tokens)."""
-        n = run.template_tokens
-        start = len(ids) - n
-        if self.templates is None or not run.op or n < 2 or start <= 0 or reused > start:
-            return self.engine.prefill(ids[reused:], cache), 0
-        key, template = PathKey(run.path, run.op), ids[start:]
+    def _prefill(self, plan: NodePlan, ids: list[int], cached: int, cache: Any) -> tuple[Any, int, str]:
+        """Prefill ``ids[cached:]`` on ``cache``. With a template and a non-exact mode, the
+        template is rebuilt from base (+ residual) when the plan says RECONSTRUCT, else computed
+        exactly (and learned from). Returns (prefill, rebuilt tokens, a note or "")."""
+        tmpl = plan.template
+        start = len(ids) - (tmpl.tokens if tmpl else 0)
+        if self.templates is None or tmpl is None or not tmpl.op or tmpl.tokens < 2 or start <= 0 or cached > start:
+            note = "no template to rebuild; prefilled it" if plan.option is Option.RECONSTRUCT else ""
+            return self.engine.prefill(ids[cached:], cache), 0, note
+        key, template = PathKey(tmpl.path, tmpl.op), ids[start:]
         with self._lock:  # NOTE: a replica runs several nodes at once; the template store is shared
             self.templates.prepare(key, template)
-        prefix = self.engine.prefill(ids[reused:start], cache).cache if start > reused else cache
-        rebuilt = self.templates.rebuild(prefix, start, key, template)
-        if rebuilt is not None:
-            return self.engine.prefill(ids[-1:], rebuilt), n - 1
+        prefix = self.engine.prefill(ids[cached:start], cache).cache if start > cached else cache
+        if plan.option is Option.RECONSTRUCT:
+            rebuilt = self.templates.rebuild(prefix, start, key, template)
+            if rebuilt is not None:
+                return self.engine.prefill(ids[-1:], rebuilt), tmpl.tokens - 1, ""
+        note = (
+            "the planned base + residual is gone; prefilled the template" if plan.option is Option.RECONSTRUCT else ""
+        )
         pre = self.engine.prefill(template, prefix)
         with self._lock:
-            self.templates.learn(key, pre.cache, start, n)
-        return pre, 0
+            self.templates.learn(key, pre.cache, start, tmpl.tokens)
+        return pre, 0, note
 
-    def materialize(self, state_id: str, tokens: Sequence[int]) -> list[AdmitEvent | EvictEvent]:
+    def materialize(self, state_id: str, tokens: Sequence[int]) -> MaterializeResult:
         """Prefill ``tokens`` once and store them as ``state_id`` (the task context root).
 
-        Returns the events for the manager: states evicted to make room, then the admit (none
-        when the state is larger than the whole store)."""
+        Returns the seconds it took and the events for the manager: states evicted to make
+        room, then the admit (none when the state is larger than the whole store)."""
         ids = list(tokens)
         self._check_length(len(ids))
+        begin = time.perf_counter()
         blocks = cache_to_blocks(self.engine.prefill(ids).cache, ids, self.engine.identity, self.config.block_tokens)
-        admit, evicted = self._store_state(blocks, Lineage("materialize"), state_id, ids)
-        return [*evicted, *([admit] if admit else [])]
+        admit, evicted = self._store_state(blocks, Lineage("materialize"), state_id, ids, protect=self._needed_now())
+        seconds = time.perf_counter() - begin
+        return MaterializeResult(self.config.name, len(ids), seconds, admit is not None,
+                                 (*evicted, *([admit] if admit else [])))  # fmt: skip
 
     def prefill_seconds(self, lengths: Sequence[int], repeats: int = 2) -> list[tuple[int, float]]:
         """Measured prefill times (median of ``repeats`` after a warm-up) for calibration."""
-        from graphflow.models.prompts import prompt_token_ids
+        from graphflow.runtime.calibration import prefill_samples
 
-        out = []
-        for n in lengths:
-            ids = prompt_token_ids(self.engine.tokenizer, n)
-            self.engine.prefill(ids)
-            times = sorted(self.engine.prefill(ids).seconds for _ in range(repeats))
-            out.append((n, times[len(times) // 2]))
-        return out
+        return prefill_samples(self.engine, lengths, repeats)
+
+    def cost_samples(self, lengths: Sequence[int], repeats: int = 2) -> dict[str, list[tuple[int, float]]]:
+        """Measured (bytes, seconds) of rebuilding a cache from blocks (``resume``) and a
+        template from base + residual (``reconstruct``), for the policy's costs."""
+        from graphflow.runtime.calibration import reconstruct_samples, resume_samples
+
+        return {"resume": resume_samples(self.engine, lengths, self.config.block_tokens, repeats),
+                "reconstruct": reconstruct_samples(self.engine, repeats=repeats)}  # fmt: skip
 
     def max_positions(self) -> int:
         """The longest context this replica's model accepts (0: no stated limit)."""
@@ -233,17 +252,20 @@ class ReplicaWorker:
     def kv_bytes_per_token(self) -> int:
         return self.engine.kv_bytes_per_token()
 
-    def _keep(self, run: NodeRun, state_tokens: list[int], cache: Any) -> tuple[AdmitEvent | None, list[EvictEvent]]:
+    # ---- storing and evicting ------------------------------------------------------------
+    def _keep(self, plan: NodePlan, state_tokens: list[int], cache: Any) -> tuple[AdmitEvent | None, list[EvictEvent]]:
         """Store the node's whole state (KV for every token but the last output) for reuse."""
         computed = cache_to_blocks(cache, state_tokens, self.engine.identity, self.config.block_tokens)
-        return self._store_state(computed, Lineage("node", run.parents), run.state_id, state_tokens)
+        return self._store_state(computed, Lineage("node", plan.parents), plan.state_id, state_tokens,
+                                 protect=self._needed_now())  # fmt: skip
 
-    def _store_state(self, computed: list[Any], lineage: Lineage, state_id: str,
-                     tokens: Sequence[int]) -> tuple[AdmitEvent | None, list[EvictEvent]]:  # fmt: skip
-        """Add a state, evicting the oldest states first when the store is full.
+    def _store_state(self, computed: list[Any], lineage: Lineage, state_id: str, tokens: Sequence[int],
+                     protect: set[str]) -> tuple[AdmitEvent | None, list[EvictEvent]]:  # fmt: skip
+        """Add a state, evicting others (see the module docstring) when the store is full.
 
-        A state larger than the whole store is not kept (the node's output is still valid; the
-        state will be recomputed when needed): the store never exceeds its budget.
+        A state that cannot fit without evicting a protected one, or that is larger than the
+        whole store, is not kept (the node's output is still valid; the state will be
+        recomputed when needed): the store never exceeds its budget.
         """
         with self._lock:
             evicted: list[EvictEvent] = []
@@ -258,16 +280,56 @@ class ReplicaWorker:
                 # wins, as in vLLM's prefix cache): the same tokens recomputed along another path
                 # differ only by rounding, and one key never maps to two versions on a replica.
                 blocks = [self.store.block(b.key) if self.store.has_block(b.key) else b for b in computed]
-                new = [b for b in blocks if not self.store.has_block(b.key)]
-                need = sum({b.key: b.nbytes for b in new}.values())
-                if self.store.can_allocate(need) or not self._age:
+                need = sum({b.key: b.nbytes for b in blocks if not self.store.has_block(b.key)}.values())
+                if self.store.can_allocate(need):
                     break
-                evicted.append(self._evict_oldest())
-            state = self.store.add_state(blocks, lineage, state_id)  # None: larger than the whole store
+                victim = self._victim(protect)
+                if victim is None:
+                    break
+                evicted.append(self._evict(victim))
+            state = self.store.add_state(blocks, lineage, state_id) if self.store.can_allocate(need) else None
             if state is None:
                 return None, evicted
-            self._age[state_id] = None
+            self._held[state_id] = _Held(self.clock())
             return self._admit_event(state_id, tokens), evicted
+
+    def _victim(self, protect: set[str]) -> str | None:
+        """The kept state to evict next, or ``None`` when every one is protected (the
+        ``oldest`` ablation protects nothing: it is the order replicas used before)."""
+        if self.config.eviction == "oldest":
+            return next(iter(self._held), None)
+        names = [s for s in self._held if s not in protect]
+        if not names:
+            return None
+        now = self.clock()
+        soon = self._soonest_use()
+        freed = [sum(b.nbytes for b in self.store.blocks(s) if self.store.refcount(b.key) == 1) for s in names]
+        scores = eviction_scores(
+            np.array([self._held[s].hits for s in names]),
+            np.array(freed),
+            np.array([now - self._held[s].last_used_s for s in names]),
+            np.array([soon.get(s, -1) for s in names]),
+            self.weights,
+        )
+        return names[int(np.argmin(scores))]  # NOTE: ties go to the oldest (argmin takes the first)
+
+    def _note_next_use(self, plan: NodePlan) -> None:
+        with self._lock:
+            if plan.next_use:
+                self._next_use[plan.run_id] = dict(plan.next_use)
+            else:
+                self._next_use.pop(plan.run_id, None)
+
+    def _soonest_use(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for table in self._next_use.values():
+            for sid, steps in table.items():
+                out[sid] = min(steps, out.get(sid, steps))
+        return out
+
+    def _needed_now(self) -> set[str]:
+        """States a node that is ready now will read (their plans may already be on the way)."""
+        return {s for s, steps in self._soonest_use().items() if steps == 0}
 
     def _admit_event(self, state_id: str, tokens: Sequence[int]) -> AdmitEvent:
         """The admit for a stored state, listing every block of it, not only new ones: the manager
@@ -278,24 +340,22 @@ class ReplicaWorker:
         record = StateRecord.of(self.store.state(state_id), tokens)
         return AdmitEvent(self.config.name, record, batch_from_blocks(unique, self.config.name, state_id))
 
-    def _evict_oldest(self) -> EvictEvent:
-        return self._evict(next(iter(self._age)))
-
     def _evict(self, state_id: str) -> EvictEvent:
-        del self._age[state_id]
+        del self._held[state_id]
         freed = tuple(k for k in self.store.state(state_id).block_keys if self.store.refcount(k) == 1)
-        self.store.release(state_id)
+        evict_state(self.store, state_id)
         return EvictEvent(self.config.name, freed, state_id)
 
-    def _local_prefix(self, ids: list[int]) -> tuple[list[Any], list[EvictEvent]]:
-        """Leading full blocks of ``ids`` this store holds, leaving ≥ 1 token to prefill.
+    def _local_prefix(self, ids: list[int], limit: int) -> tuple[list[KVBlock], list[EvictEvent]]:
+        """Leading full blocks of ``ids[:limit]`` this store holds, leaving ≥ 1 token to prefill.
 
         Each block's checksum is verified before reuse; a corrupt block is never reused: the
-        states holding it are dropped (reported as evictions) and its tokens are recomputed."""
+        states holding it are dropped (reported as evictions) and its tokens are recomputed.
+        States whose blocks are reused count a hit and are touched (eviction inputs)."""
         bt = self.config.block_tokens
-        usable = (len(ids) - 1) // bt * bt
+        usable = min(len(ids) - 1, limit) // bt * bt
         keys = chain_keys(ids[:usable], self.engine.identity.model_key, bt)
-        out: list[Any] = []
+        out: list[KVBlock] = []
         with self._lock:
             for k in keys:
                 if not self.store.has_block(k):
@@ -306,25 +366,41 @@ class ReplicaWorker:
                 except ChecksumMismatch:
                     return out, self._drop_block(k)
                 out.append(block)
+            if out:
+                self._touch(out[-1].key)
         return out, []
+
+    def _touch(self, key: int) -> None:
+        now = self.clock()
+        for sid, held in self._held.items():
+            if key in self.store.state(sid).block_keys:
+                held.hits += 1
+                held.last_used_s = now
 
     def _drop_block(self, key: int) -> list[EvictEvent]:
         """Release every state holding ``key`` (a corrupt block); returns the evictions."""
-        holders = [sid for sid in self._age if key in self.store.state(sid).block_keys]
+        holders = [sid for sid in self._held if key in self.store.state(sid).block_keys]
         return [self._evict(sid) for sid in holders]
 
-    def _receive(self, run: NodeRun, ids: list[int]) -> tuple[int, int, list[EvictEvent]]:
-        from graphflow.checks.transfer import spec_for_prompt
-
+    # ---- transfers -----------------------------------------------------------------------
+    def _receive(self, plan: NodePlan, ids: list[int], lo: int) -> tuple[int, list[KVBlock], list[EvictEvent]]:
+        """Receive the blocks of ``ids[lo:]`` (full blocks only) from the plan's source; they
+        are kept as a state of their own when they fit (and used for this node either way)."""
         bt = self.config.block_tokens
         n = len(ids) // bt * bt
-        spec = spec_for_prompt(self.engine.identity, ids[:n], bt, run.transfer_from, run.transfer_id)
-        got = self.transport.recv(spec)
-        received = from_wire(got.headers, got.tensors)
-        # kept as a state of its own (aged out like any other); blocks this replica already
-        # computed itself keep their stored bytes (see _store_state)
-        _, evicted = self._store_state(received, Lineage("transfer"), f"{run.state_id}:transfer", ids[:n])
-        return got.stats.nbytes, n, evicted
+        spec = spec_for_prompt(self.engine.identity, ids[:n], bt, plan.source_address, plan.transfer_id, lo)
+        received, stats = receive_blocks(self.transport, spec)
+        if not received:
+            return stats.nbytes, [], []
+        # blocks this replica already computed itself keep their stored bytes (see _store_state)
+        with self._lock:
+            own = [self.store.block(k) for k in chain_keys(ids[:lo], self.engine.identity.model_key, bt)
+                   if self.store.has_block(k)]  # fmt: skip
+        evicted: list[EvictEvent] = []
+        if len(own) * bt == lo:
+            _, evicted = self._store_state(own + received, Lineage("transfer"), f"{plan.state_id}:transfer",
+                                           ids[:n], protect=self._needed_now())  # fmt: skip
+        return stats.nbytes, received, evicted
 
     FAULTS = ("drop-send", "corrupt-send", "corrupt-store")
 
@@ -340,7 +416,7 @@ class ReplicaWorker:
         if fault == "corrupt-store":
             with self._lock:
                 seen: set[int] = set()
-                for sid in self._age:
+                for sid in self._held:
                     for b in self.store.blocks(sid):
                         if b.key not in seen:  # NOTE: flipping a shared block twice would heal it
                             seen.add(b.key)
@@ -348,11 +424,12 @@ class ReplicaWorker:
             return
         self._faults.append(fault)
 
-    def send_prefix(self, tokens: Sequence[int], n_tokens: int, peer: str, transfer_id: int) -> int:
-        """Send the blocks of ``tokens[:n_tokens]`` (full blocks) to ``peer``; returns bytes."""
+    def send_blocks(self, tokens: Sequence[int], lo: int, peer: str, transfer_id: int) -> int:
+        """Send the blocks of ``tokens[lo:]`` (full blocks, in the chain of ``tokens``) to
+        ``peer``; returns bytes sent. Raises ``MissingBlocks`` if this store lost any."""
         bt = self.config.block_tokens
-        n = n_tokens // bt * bt
-        keys = chain_keys(list(tokens[:n]), self.engine.identity.model_key, bt)
+        n = len(tokens) // bt * bt
+        keys = chain_keys(list(tokens[:n]), self.engine.identity.model_key, bt)[lo // bt :]
         with self._lock:
             missing = [k for k in keys if not self.store.has_block(k)]
             if missing:
@@ -360,14 +437,17 @@ class ReplicaWorker:
                     f"replica {self.config.name} no longer holds {len(missing)} of the blocks asked for"
                 )
             blocks = [self.store.block(k) for k in keys]
-        headers, tensors = to_wire(blocks)
         fault = self._faults.pop(0) if self._faults else ""
         if fault == "drop-send":
             return 0
         if fault == "corrupt-send":
+            from graphflow.kv.codec import to_wire
+
+            headers, tensors = to_wire(blocks)
             tensors = [t.clone() for t in tensors]
             tensors[0].view(torch.uint8).view(-1)[0] ^= 0xFF
-        return self.transport.send(TransferSpec.for_headers(transfer_id, peer, headers), headers, tensors).nbytes
+            return self.transport.send(TransferSpec.for_headers(transfer_id, peer, headers), headers, tensors).nbytes
+        return send_blocks(self.transport, blocks, peer, transfer_id).nbytes
 
     def probe(self, peer: str, nbytes: int, transfer_id: int, send: bool) -> float:
         """One synthetic transfer of ``nbytes`` in blocks of this model's block size, to or
@@ -384,24 +464,31 @@ class ReplicaWorker:
 
     def release(self, state_id: str) -> int:
         with self._lock:
-            self._age.pop(state_id, None)
+            self._held.pop(state_id, None)
             return self.store.release(state_id)
 
     def info(self) -> ReplicaInfo:
         """How the manager registers this replica."""
-        return ReplicaInfo(self.config.name, device=self.config.device, budget_bytes=self.config.capacity_bytes,
-                           address=self.address())  # fmt: skip
+        return ReplicaInfo(self.config.name, node=self.config.node or "localhost", device=self.config.device,
+                           budget_bytes=self.config.capacity_bytes, address=self.address(),
+                           transport=self.config.transport)  # fmt: skip
 
     def holdings(self) -> list[AdmitEvent]:
         """Every state this replica holds, oldest first, as admits: a restarted manager
         re-learns the replica's contents from these."""
         with self._lock:
             return [self._admit_event(sid, [t for b in self.store.blocks(sid) for t in b.token_ids])
-                    for sid in self._age]  # fmt: skip
+                    for sid in self._held]  # fmt: skip
+
+    def template_holdings(self) -> tuple[Any, ...]:
+        """What this replica can rebuild from base (+ residual) now (see ``TemplateHolding``)."""
+        return self.templates.holdings() if self.templates else ()
 
     def stats(self) -> dict[str, Any]:
         s = self.store.stats()
         return {"replica": self.config.name, "model": self.config.model, "used_bytes": s.used_bytes,
                 "capacity_bytes": s.capacity_bytes, "blocks": s.num_blocks, "states": s.num_states,
-                "peak_bytes": s.peak_used_bytes,
+                "peak_bytes": s.peak_used_bytes, "transport": self.config.transport,
+                "node": self.config.node or "localhost", "device": self.config.device,
+                "eviction": self.config.eviction,
                 **(self.templates.stats_dict() if self.templates else {"kv_mode": "exact"})}  # fmt: skip

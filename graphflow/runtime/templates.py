@@ -25,6 +25,7 @@ import torch
 from graphflow.kv.blend import rebuild_template
 from graphflow.kv.differential import ResidualCodec, base_kv
 from graphflow.kv.diffstore import DifferentialKV, KVMode, base_version
+from graphflow.kv.events import TemplateHolding
 from graphflow.kv.packing import cache_from_tensor, stack_cache
 from graphflow.kv.paths import PathKey, PathStats
 from graphflow.models.engine import Engine
@@ -84,6 +85,26 @@ class TemplateKV:
         if self.mode is KVMode.DIFFERENTIAL and self.store.wants(key):
             self.store.observe(key, stack_cache(cache, start, start + n), start)
             self.learned += 1
+
+    def can_rebuild(self, key: PathKey, template: Sequence[int]) -> bool:
+        """Whether :meth:`rebuild` would serve ``key`` for these template tokens now."""
+        base = self.store.bases.get(key.op)
+        if base is None or base.version != base_version(self.store.model_key, template):
+            return False
+        return self.mode is KVMode.STATELESS or key in self.store.residuals
+
+    def holdings(self) -> tuple[TemplateHolding, ...]:
+        """What this replica can rebuild (reported to the KV manager, priced by the policy)."""
+        out = []
+        if self.mode is KVMode.STATELESS:
+            out = [
+                TemplateHolding(op, None, b.version, int(b.kv.shape[3]), b.nbytes) for op, b in self.store.bases.items()
+            ]
+        head = self.store.codec.recompute_head if self.mode is KVMode.DIFFERENTIAL else 0
+        for key, res in self.store.residuals.items():
+            n = int(self.store.bases[key.op].kv.shape[3])
+            out.append(TemplateHolding(key.op, key.path, res.base_version, n, res.encoded.nbytes, min(head, n)))
+        return tuple(out)
 
     def stats_dict(self) -> dict[str, Any]:
         return {"kv_mode": self.mode.value, "templates_rebuilt": self.rebuilt, "executions_learned": self.learned,

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from graphflow.bench.netns import shaped_link
-from graphflow.checks.launch import run_two_processes
+from graphflow.harness.launch import run_two_processes
+from graphflow.harness.netns import shaped_link
 
 pytestmark = [
     pytest.mark.ucx,

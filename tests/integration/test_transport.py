@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from graphflow.checks.launch import mpirun_command
 from graphflow.checks.transfer import TransferCheck, run_transfer_check
+from graphflow.harness.launch import mpirun_command
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from graphflow.checks.rendezvous import exchange_addresses
+from graphflow.harness.rendezvous import exchange_addresses
 from transport.base import TransferSpec, TransportConfig
 from transport.registry import create
 from transport.wire import WIRE_VERSION, BlockHeader, checksum, encode_header

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from graphflow.checks.rendezvous import exchange_addresses
+from graphflow.harness.rendezvous import exchange_addresses
 from transport.base import TransferSpec, Transport, TransportConfig
 from transport.registry import create
 

@@ -2,7 +2,7 @@ import subprocess
 import sys
 import time
 
-from graphflow.checks.launch import _wait_both
+from graphflow.harness.launch import _wait_both
 
 
 def _spawn(code: str) -> subprocess.Popen[str]:

@@ -229,3 +229,28 @@ def test_a_replica_reporting_new_bytes_for_a_key_supersedes_its_old_copy(mgr):
             for r in mgr.catalog.rows_of(keys[0])}  # fmt: skip
     assert live == {"r0": (keys[0] ^ 0xABCDEF) & 0xFFFFFFFF, "r1": (keys[0] ^ 0x1234) & 0xFFFFFFFF}
     mgr.check_integrity()
+
+
+def test_a_leased_block_is_never_evicted_until_its_lease_ends(mgr):
+    keys = _admit(mgr, "r0", "a", list(range(48)), now=1000.0)  # 12 blocks, budget 10
+    look = mgr.begin_node(list(range(48)) + [7], MODEL_KEY, now_s=1001.0, lease_s=60.0)
+    assert look.leased_replica == "r0"
+    during = mgr.plan_eviction("r0", now_s=1030.0)
+    assert during.keys == () and during.shortfall_bytes == 2 * NB  # all 12 leased
+    after = mgr.plan_eviction("r0", now_s=1062.0)
+    assert len(after.keys) == 2 and set(after.keys) <= set(keys)
+
+
+def test_template_holdings_are_reported_and_looked_up(mgr):
+    from graphflow.kv.events import TemplateEvent, TemplateHolding
+
+    res = TemplateHolding("REVIEW", ("SOLVE",), "v1", 20, 4096, 12)
+    base = TemplateHolding("REVIEW", None, "v1", 20, 9000)
+    mgr.apply([TemplateEvent("r0", (res,)), TemplateEvent("r1", (base,))], 0.0)
+    assert dict(mgr.templates_for("REVIEW", ("SOLVE",), "v1")) == {"r0": res, "r1": base}
+    assert dict(mgr.templates_for("REVIEW", ("PLAN",), "v1")) == {"r1": base}  # a base serves any path
+    assert mgr.templates_for("REVIEW", ("SOLVE",), "v2") == ()  # another template version
+    look = mgr.begin_node(list(range(8)), MODEL_KEY, 0.0, 30.0, None, ("REVIEW", ("SOLVE",), "v1"))
+    assert dict(look.templates) == {"r0": res, "r1": base}
+    mgr.drop_replica("r0")
+    assert dict(mgr.templates_for("REVIEW", ("SOLVE",), "v1")) == {"r1": base}

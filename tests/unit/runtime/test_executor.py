@@ -5,7 +5,7 @@ import pytest
 from graphflow.client import calibrate_cluster, measure_link
 from graphflow.runtime.executor import WorkflowExecutor
 from graphflow.runtime.local import LocalCluster
-from graphflow.runtime.replica import NodeRun
+from graphflow.runtime.plan import NodePlan
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import load_corpus, references
 from scheduler.cost import LinkSpec, PrefillModel
@@ -36,9 +36,13 @@ def test_exact_run_matches_no_reuse_and_saves_prefill(cluster):
     off = ex.run(gs, ids, "t2", reuse=False)
     assert on.outputs == off.outputs
     assert on.prefill_tokens_saved > 0 and off.prefill_tokens_saved == 0
-    assert {t.decision for t in on.trace} <= {"reuse", "recompute"}
+    assert {t.decision for t in on.nodes} <= {"reuse", "recompute"}
     assert all(t.bytes_moved == 0 for t in on.trace)
-    assert len(on.trace) == len(gs.nodes)
+    assert len(on.nodes) == len(gs.nodes) == len(off.trace)
+    # the root is a row of its own, and its prefill is charged: saved is net of it
+    (root,) = [t for t in on.trace if t.decision == "materialize"]
+    assert root.node == "ROOT" and on.root_prefill_tokens == root.prefill_tokens == len(ids) > 0
+    assert on.prefill_tokens + on.prefill_tokens_saved == off.prefill_tokens
     cluster.manager("check_integrity")
 
 
@@ -49,6 +53,12 @@ def test_transfer_is_chosen_on_a_fast_link_and_moves_real_bytes(cluster):
     on = ex.run(gs, ids, "t3")
     moved = [t for t in on.trace if t.decision == "transfer"]
     assert moved and all(t.bytes_moved > 0 for t in moved)
+    # only blocks past the destination's own prefix travel: bytes = transferred tokens' KV
+    bpt = cluster.workers["replica-0"].kv_bytes_per_token()
+    for t, d in zip(on.nodes, on.decisions, strict=True):
+        if t.decision == "transfer":
+            lo, hi = d.receive
+            assert hi > lo and t.bytes_moved == (hi - lo) * bpt
     assert all(t.replica == "replica-1" and t.source == "replica-0" for t in moved)
     # the three parallel solvers share the task prefix: it crosses to replica-1 at most once
     assert sum(t.node in ("n1", "n2", "n3") for t in moved) <= 1
@@ -58,7 +68,7 @@ def test_transfer_is_chosen_on_a_fast_link_and_moves_real_bytes(cluster):
 
 def test_replica_rejects_an_empty_node(cluster):
     with pytest.raises(ValueError, match="at least one context token"):
-        cluster.workers["replica-0"].run_node(NodeRun("x", (), 2))
+        cluster.workers["replica-0"].run_node(NodePlan("x", (), 2))
 
 
 def test_status_reports_prefix_hits(cluster):
@@ -70,7 +80,9 @@ def test_status_reports_prefix_hits(cluster):
 
 def test_calibrate_cluster_measures_a_link_that_grows_with_size(cluster):
     cal = calibrate_cluster(cluster)
-    assert cal.link.bandwidth_bytes_per_s > 0 and cal.link.latency_s >= 0
+    assert set(cal.links.pairs) == {("replica-0", "replica-1"), ("replica-1", "replica-0")}
+    assert all(ln.bandwidth_bytes_per_s > 0 and ln.latency_s >= 0 for ln in cal.links.pairs.values())
+    assert cal.policy.resume.per_byte_s >= 0 and cal.policy.reconstruct is None  # exact mode: no rebuilds
     assert cal.kv_bytes_per_token == cluster.workers["replica-0"].kv_bytes_per_token()
     assert cal.model_key == cluster.workers["replica-1"].model_key()
     samples = measure_link(cluster, "replica-0", "replica-1", sizes=(1 << 16, 1 << 22), repeats=2)

@@ -67,7 +67,7 @@ def test_policy_picks_each_option_where_it_is_right():
     # recomputing the template's head costs like a suffix of that many tokens
     plain = decide(_req(residual=ResidualCopy(4000, 10_000_000)), pol).predicted_s[Option.RECONSTRUCT]
     headed = decide(_req(residual=ResidualCopy(4000, 10_000_000, recompute=12)), pol).predicted_s[Option.RECONSTRUCT]
-    assert headed - plain == pytest.approx(t_prefill_suffix(PM, 3988, 4000))
+    assert headed - plain == pytest.approx(t_prefill_suffix(PM, 0, 12))
     with pytest.raises(ValueError, match="recompute"):
         ResidualCopy(10, 100, recompute=11)
     # nothing anywhere: recompute; and an incompatible state only allows recompute
@@ -80,12 +80,35 @@ def test_policy_picks_each_option_where_it_is_right():
     assert decide(_req(remote=(RemoteCopy("r1", 4096, SLOW),)), pol).option is Option.RECOMPUTE
 
 
+def test_decision_carries_what_the_replica_executes():
+    pol = Policy(PM, resume=LinearCost(1e-3, 1e-10), reconstruct=LinearCost(2e-3, 1e-10))
+    # a transfer prices, and names, only the blocks past the destination's own prefix
+    d = decide(_req(local_tokens=1024, remote=(RemoteCopy("r1", 4000, FAST, "addr-1"),)), pol)
+    assert d.option is Option.TRANSFER and d.receive == (1024, 4000) and d.source_address == "addr-1"
+    assert d.predicted_s[Option.TRANSFER] == pytest.approx(
+        t_transfer(2976 * 12288, FAST) + pol.resume(2976 * 12288) + t_prefill_suffix(PM, 4000, 4096)
+    )
+    assert d.prefill_tokens == 96 and d.new_bytes[Option.TRANSFER] == (4096 - 1024) * 12288
+    # a template span at the context's end: prefix reused, span rebuilt, the rest prefilled
+    res = ResidualCopy(290, 50_000, recompute=4, start=3796, op="SOLVE", path=("A",))
+    d = decide(_req(local_tokens=3796, residual=res), pol)
+    expected = pol.reconstruct(50_000) + t_prefill_suffix(PM, 3796, 3800) + t_prefill_suffix(PM, 4086, 4096)
+    assert d.predicted_s[Option.RECONSTRUCT] == pytest.approx(expected)
+    assert d.option is Option.RECONSTRUCT and d.residual == res and d.local_tokens == 3796
+    assert d.prefill_tokens == 4096 - 290 + 4
+    # a short template after the same prefix: two prefill calls cost more than one, so reuse
+    short = ResidualCopy(29, 50_000, recompute=4, start=4066)  # the last token is prefilled
+    assert decide(_req(local_tokens=4066, residual=short), pol).option is Option.REUSE
+    assert decide(_req(local_tokens=4096), pol).receive == (0, 0)
+
+
 def test_memory_term_can_flip_the_choice():
-    pol = Policy(PM, lam_s_per_byte=0.0)
-    req = _req(remote=(RemoteCopy("r1", 4096, FAST),), local_tokens=2048)
-    assert decide(req, pol).option is Option.TRANSFER
-    heavy = Policy(PM, lam_s_per_byte=1e-6)
-    assert decide(req, heavy).option is Option.REUSE
+    # r1 can fetch the whole context fast; r0 holds a quarter of it and adds fewer new bytes
+    here = _req(replica="r0", local_tokens=1024)
+    there = _req(replica="r1", remote=(RemoteCopy("r0", 4096, FAST),))
+    assert place([here, there], {}, Policy(PM, lam_s_per_byte=0.0)).replica == "r1"
+    d = place([here, there], {}, Policy(PM, lam_s_per_byte=1e-6))
+    assert d.replica == "r0" and d.option is Option.REUSE
 
 
 def test_placement_weighs_locality_against_queue():

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from graphflow.bench.netns import ShapedLink
+from graphflow.harness.netns import ShapedLink
 from transport.errors import TransportError
 
 __all__ = ["mpirun_command", "run_two_processes"]
@@ -46,7 +46,7 @@ def _env() -> dict[str, str]:
 def run_two_processes(
     backend: str, job_args: list[str], timeout_s: float, link: ShapedLink | None = None
 ) -> tuple[Any, Any]:
-    """Run ``graphflow.checks.pair`` as roles 0 and 1; return both results. With a ``link``
+    """Run ``graphflow.harness.pair`` as roles 0 and 1; return both results. With a ``link``
     (UCX only), role r runs inside the link's namespace r with UCX held to tcp on its veth, so
     every byte crosses the shaped link.
 
@@ -59,7 +59,7 @@ def run_two_processes(
     if link is not None and backend != "ucx":
         raise ValueError("a shaped link needs backend ucx (MPI's processes share one world on one host)")
     with tempfile.TemporaryDirectory(prefix="graphflow-pair-") as tmp:
-        base = [sys.executable, "-m", "graphflow.checks.pair", "--backend", backend, "--rendezvous", tmp, *job_args]
+        base = [sys.executable, "-m", "graphflow.harness.pair", "--backend", backend, "--rendezvous", tmp, *job_args]
         roles = [[*base, "--role", "0"], [*base, "--role", "1"]]
         cmds = [mpirun_command(2) + base] if backend == "mpi" else roles
         envs = [_env() for _ in cmds]

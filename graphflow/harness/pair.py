@@ -1,6 +1,6 @@
 """Entry point of one process of a two-process check or benchmark.
 
-``python -m graphflow.checks.pair --job transfer|bench|sweep|probe|ttft|agents --backend ucx|mpi --role 0|1
+``python -m graphflow.harness.pair --job transfer|bench|sweep|probe|ttft|agents --backend ucx|mpi --role 0|1
 --rendezvous DIR [job options]``. Under ``mpirun`` the role is the rank. Each process writes
 ``DIR/result{role}.json``.
 """
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from graphflow.checks.rendezvous import exchange_addresses
+from graphflow.harness.rendezvous import exchange_addresses
 from transport.base import TransportConfig
 from transport.registry import create
 

@@ -1,0 +1,70 @@
+"""Cost measurements on a replica's engine, the inputs of the scheduler's fits.
+
+``prefill_samples`` → ``T_prefill``; ``resume_samples`` → ``T_resume`` (a cache rebuilt from
+received blocks); ``reconstruct_samples`` → ``T_reconstruct`` (a template's KV from its base
+and a residual). Served replicas run these at ``graphflow serve`` / ``connect()``;
+``graphflow calibrate`` runs the same functions in one process and writes a profile.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+
+from graphflow.kv.differential import ResidualCodec, apply_residual, base_kv, frame0_residual, template_kv
+from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
+from graphflow.models.engine import Engine
+from graphflow.models.prompts import prompt_token_ids
+
+__all__ = ["TEMPLATE_LENGTHS", "median_seconds", "prefill_samples", "reconstruct_samples", "resume_samples"]
+
+TEMPLATE_LENGTHS = (16, 64, 256)
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """Call ``fn`` once untimed, then ``repeats`` times; the median wall-clock seconds."""
+    if repeats <= 0:
+        raise ValueError(f"repeats must be positive, got {repeats}")
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def prefill_samples(engine: Engine, lengths: Sequence[int], repeats: int = 2) -> list[tuple[int, float]]:
+    """``(tokens, seconds)`` of a prefill from scratch, median of ``repeats`` after a warm-up."""
+    return [(n, median_seconds(partial(engine.prefill, prompt_token_ids(engine.tokenizer, n)), repeats))
+            for n in lengths]  # fmt: skip
+
+
+def resume_samples(engine: Engine, lengths: Sequence[int], block_tokens: int = 16,
+                   repeats: int = 2) -> list[tuple[int, float]]:  # fmt: skip
+    """``(bytes, seconds)`` to rebuild a cache from ``n`` tokens' blocks (checksums verified)."""
+    out = []
+    for n in lengths:
+        ids = prompt_token_ids(engine.tokenizer, n)
+        blocks = cache_to_blocks(engine.prefill(ids).cache, ids, engine.identity, block_tokens)
+        rebuild = partial(blocks_to_cache, blocks, engine.identity, engine.config, engine.device)
+        out.append((n * engine.kv_bytes_per_token(), median_seconds(rebuild, repeats)))
+    return out
+
+
+def reconstruct_samples(
+    engine: Engine, lengths: Sequence[int] = TEMPLATE_LENGTHS, repeats: int = 3
+) -> list[tuple[int, float]]:
+    """``(residual bytes, seconds)`` to rebuild a template's KV from its base and a dense
+    residual (``apply_residual``: add, re-rotate to the offset), per template length. The
+    residual is a real one: the template run after a prefix as long as itself."""
+    rope, codec, samples = engine.identity.rope, ResidualCodec(), []
+    for n in lengths:
+        text = prompt_token_ids(engine.tokenizer, 2 * n)
+        prefix, ids = text[:n], text[n:]
+        base = base_kv(engine, ids)
+        enc = codec.encode(frame0_residual(template_kv(engine, ids, prefix), base, n, rope))
+        samples.append((enc.nbytes, median_seconds(partial(apply_residual, base, enc, n, rope), repeats)))
+    return samples

@@ -1,0 +1,101 @@
+"""What the executor asks a replica to do for one node, and what the replica reports back.
+
+A :class:`NodePlan` is built from the scheduler's :class:`~scheduler.policy.Decision` alone:
+it names the local prefix to reuse, the token range to receive and from where, the template
+to rebuild from base (+ residual), and which of the workflow's states are needed again soon
+(eviction keeps them). The replica carries it out and re-derives none of it; where the world
+changed since the decision (blocks evicted, a residual relearned) it does the exact thing
+instead and says so in :attr:`NodeResult.note`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphflow.kv.events import AdmitEvent, EvictEvent, TemplateHolding
+from scheduler.policy import Option
+
+__all__ = ["MaterializeResult", "NodePlan", "NodeResult", "TemplateRef"]
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateRef:
+    """The operation template that ends a node's context: its role, the roles whose outputs
+    precede it (the differential-KV path key) and its length in tokens."""
+
+    op: str
+    path: tuple[str, ...]
+    tokens: int
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0:
+            raise ValueError(f"a template has a non-negative length, got {self.tokens}")
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    """One node on one replica.
+
+    ``option`` is the scheduler's choice; ``local_tokens`` leading tokens come from the
+    replica's own store; for TRANSFER the blocks of ``receive`` = [lo, hi) arrive from the peer
+    at ``source_address`` under ``transfer_id``; for RECONSTRUCT the template is rebuilt from
+    the base (+ residual) the replica holds. ``keep`` stores the result for reuse (False when
+    reuse is off). ``next_use`` gives, for states of the running workflow, the steps until a
+    node needs them (0: a node that is ready now), which eviction honours."""
+
+    state_id: str
+    tokens: tuple[int, ...]
+    decode_steps: int
+    option: Option = Option.RECOMPUTE
+    keep: bool = True
+    local_tokens: int = 0
+    receive: tuple[int, int] = (0, 0)
+    source_address: str = ""
+    transfer_id: int = 0
+    parents: tuple[str, ...] = ()
+    template: TemplateRef | None = None
+    next_use: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        lo, hi = self.receive
+        if not 0 <= lo <= hi <= len(self.tokens):
+            raise ValueError(f"receive range {self.receive} must lie within the {len(self.tokens)} context tokens")
+        if hi > lo and not self.source_address:
+            raise ValueError("a plan that receives blocks needs the source's transport address")
+        if not 0 <= self.local_tokens <= len(self.tokens):
+            raise ValueError(f"local_tokens {self.local_tokens} outside [0, {len(self.tokens)}]")
+
+    @property
+    def run_id(self) -> str:
+        """The workflow run this node belongs to (state ids are ``run:node``)."""
+        return self.state_id.rpartition(":")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeResult:
+    state_id: str
+    replica: str
+    output_ids: tuple[int, ...]
+    text: str
+    reused_tokens: int  # from the replica's own store
+    transferred_tokens: int  # received from the source and used
+    prefill_tokens: int
+    bytes_moved: int
+    ttft_s: float
+    total_s: float
+    admit: AdmitEvent | None = field(default=None, compare=False)  # None: not kept (reuse off, no room)
+    evicted: tuple[EvictEvent, ...] = field(default=(), compare=False)  # states dropped to make room
+    rebuilt_tokens: int = 0  # template tokens not prefilled in order (base + residual; counts a recomputed head)
+    templates: tuple[TemplateHolding, ...] = field(default=(), compare=False)  # what the replica can rebuild now
+    note: str = ""  # where the replica could not do what the plan said, what it did instead
+
+
+@dataclass(frozen=True, slots=True)
+class MaterializeResult:
+    """The task root prefilled once on a replica."""
+
+    replica: str
+    tokens: int
+    seconds: float
+    kept: bool  # False: larger than the replica's whole store (nodes will prefill it)
+    events: tuple[AdmitEvent | EvictEvent, ...] = field(default=(), compare=False)
