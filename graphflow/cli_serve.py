@@ -48,6 +48,18 @@ def _trace_table(title: str, result: Any) -> Table:
     return table
 
 
+def fan_out_workflow(branches: int) -> Any:
+    """``branches`` parallel solvers over the task, an ensemble over them, then a review: the
+    shape whose branches the scheduler spreads over replicas (the task's KV moves once)."""
+    from graphflow.workflow.corpus import Workflow, WorkflowNode
+
+    roles = ["SOLVE", "SOLVE_ALT", "SOLVE_ASSUME", "SOLVE"]
+    nodes = [WorkflowNode(f"b{i}", "Custom", roles[i % len(roles)]) for i in range(branches)]
+    nodes += [WorkflowNode("join", "ScEnsemble", "ENSEMBLE"), WorkflowNode("check", "Custom", "REVIEW")]
+    edges = tuple((f"b{i}", "join") for i in range(branches)) + (("join", "check"),)
+    return Workflow("fan-out", "check", tuple(nodes), edges, ("check",))
+
+
 def _result_json(result: Any) -> dict[str, Any]:
     return {
         "final": result.final,
@@ -84,6 +96,9 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             "ucx", help="How replicas move KV: ucx (shared memory on one host, tcp/IB across) or ray (object store)."
         ),
         device: str = typer.Option("cpu", help="Where each replica's engine and KV live: cpu or cuda."),
+        recompute_head: int = typer.Option(
+            12, help="Differential mode: template tokens recomputed after the prefix instead of rebuilt."
+        ),
         gpus_per_replica: float = typer.Option(0.0, help="GPUs Ray reserves for each replica (cuda needs > 0)."),
         replace: bool = typer.Option(
             False, "--replace", help="Shut down a running deployment of other settings instead of refusing."
@@ -102,7 +117,9 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         from graphflow.runtime.cluster import connect, start_head
 
         resolve(model)
-        Deployment(model, replicas, kv_mode, capacity_mib << 20, transport, device, gpus_per_replica)  # checks input
+        Deployment(
+            model, replicas, kv_mode, capacity_mib << 20, transport, device, gpus_per_replica, recompute_head
+        )  # checks input, one sentence per mistake
         if address:
             ray = connect(address)
             head = address
@@ -114,6 +131,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         cluster = RayCluster.start(
             ray, model, replicas, capacity_mib << 20, detached=True, snapshot_dir=snapshots, kv_mode=kv_mode,
             transport=transport, device=device, gpus_per_replica=gpus_per_replica, replace_existing=replace,
+            recompute_head=recompute_head,
         )  # fmt: skip
         say("measuring prefill and replica-to-replica transfer costs for the scheduler")
         calibration = calibrate_cluster(cluster)
@@ -260,14 +278,9 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         moving its KV beats recomputing it on the second replica, as measured at connect time."""
         from graphflow.client import connect
         from graphflow.models.registry import resolve
-        from graphflow.workflow.corpus import Workflow, WorkflowNode
 
         resolve(model)
-        roles = ["SOLVE", "SOLVE_ALT", "SOLVE_ASSUME", "SOLVE"]
-        nodes = [WorkflowNode(f"b{i}", "Custom", roles[i % len(roles)]) for i in range(branches)]
-        nodes += [WorkflowNode("join", "ScEnsemble", "ENSEMBLE"), WorkflowNode("check", "Custom", "REVIEW")]
-        edges = tuple((f"b{i}", "join") for i in range(branches)) + (("join", "check"),)
-        wf = Workflow("e2e", "check", tuple(nodes), edges, ("check",))
+        wf = fan_out_workflow(branches)
         client = connect(None, model=model, replicas=replicas, decode_steps=decode, transport=transport)
         task = (
             "A warehouse ships 120 boxes on Monday and 3 times as many on Tuesday. Each box holds 8 items. "
@@ -305,10 +318,12 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         replicas: int = typer.Option(2, help="Replica actors."),
         tasks: int = typer.Option(2, help="Real tasks from the shared data to run."),
         decode: int = typer.Option(24, help="Tokens each node generates."),
+        branches: int = typer.Option(3, help="Parallel branches of the extra fan-out run (with 2+ replicas)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     ) -> None:
-        """The main job, embedded: real tasks through generated workflows on replica actors,
-        each run twice (KV reuse on / off) to show TTFT and prefill tokens saved."""
+        """The main job, embedded: real tasks through generated workflows on replica actors, plus
+        one workflow of parallel branches that spread over the replicas (KV moved over UCX);
+        each run twice (KV reuse on / off) to show time, TTFT and prefill tokens saved."""
         from graphflow.client import connect
         from graphflow.workflow.tasks import default_tasks_dir, task_text
 
@@ -321,48 +336,62 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             raise ValueError(f"no demo tasks found in {folder}; set GRAPHFLOW_TASKS to a folder of *_validate.jsonl")
         say(f"starting {replicas} replicas of {model} on an embedded Ray")
         client = connect(None, model=model, replicas=replicas, decode_steps=decode)
+        runs: list[tuple[str, Any]] = [(task, None) for task in picked[:tasks]]
+        if replicas > 1:  # one workflow whose parallel branches spread over the replicas
+            runs.append((picked[0], fan_out_workflow(branches)))
         summary = []
-        for i, task in enumerate(picked[:tasks]):
-            say(f"task {i + 1}/{min(tasks, len(picked))}: with KV reuse")
-            on = client.run(task)
-            say(f"task {i + 1}: without KV reuse")
-            off = client.run(task, reuse=False)
+        for i, (task, wf) in enumerate(runs):
+            shape = "generated workflow" if wf is None else f"{branches} parallel branches"
+            say(f"run {i + 1}/{len(runs)} ({shape}): with KV reuse")
+            on = client.run(task, wf)
+            say(f"run {i + 1}: without KV reuse")
+            off = client.run(task, wf, reuse=False)
             if not json_out:
-                out.print(_trace_table(f"task {i + 1}: {task[:60]!r}…", on))
+                out.print(_trace_table(f"run {i + 1} ({shape}): {task[:60]!r}…", on))
                 out.print(f"[bold]answer:[/] {on.final.strip()[:200]!r}")
             summary.append(
                 {
-                    "task": i + 1,
-                    "nodes": len(on.trace),
-                    "ttft_s_median_reuse": statistics.median(t.ttft_s for t in on.trace),
-                    "ttft_s_median_no_reuse": statistics.median(t.ttft_s for t in off.trace),
-                    "prefill_tokens_reuse": sum(t.prefill_tokens for t in on.trace),
-                    "prefill_tokens_no_reuse": sum(t.prefill_tokens for t in off.trace),
+                    "run": i + 1,
+                    "workflow": shape,
+                    "nodes": len(on.nodes),
+                    "replicas_used": len({t.replica for t in on.nodes}),
+                    "wall_s_reuse": on.wall_s,
+                    "wall_s_no_reuse": off.wall_s,
+                    "ttft_s_median_reuse": statistics.median(t.ttft_s for t in on.nodes),
+                    "ttft_s_median_no_reuse": statistics.median(t.ttft_s for t in off.nodes),
+                    "root_prefill_tokens": on.root_prefill_tokens,
+                    "prefill_tokens_reuse": on.prefill_tokens,
+                    "prefill_tokens_no_reuse": off.prefill_tokens,
                     "prefill_tokens_saved": on.prefill_tokens_saved,
                     "bytes_moved": on.bytes_moved,
                     "outputs_identical": on.outputs == off.outputs,
                 }
             )
+        transport = sorted({s["transport"] for s in client.status()})
         if json_out:
-            emit({"model": model, "replicas": replicas, "tasks": summary})
+            emit({"model": model, "replicas": replicas, "transport": ",".join(transport), "runs": summary})
             return
         table = Table(
-            "task",
+            "run",
+            "workflow",
             "nodes",
-            "TTFT median (reuse)",
-            "TTFT median (no reuse)",
-            "prefill tokens (reuse / none)",
-            "saved",
-            "bytes moved",
+            "replicas",
+            "wall s (reuse / none)",
+            "TTFT median (reuse / none)",
+            "prefill tokens (reuse, root incl. / none)",
+            "net saved",
+            f"bytes moved ({','.join(transport)})",
             "same outputs",
-            title="summary: KV reuse on vs off (measured)",
+            title="summary: KV reuse on vs off (measured; the root's prefill is charged to reuse)",
         )
         for s in summary:
             table.add_row(
-                str(s["task"]),
+                str(s["run"]),
+                str(s["workflow"]),
                 str(s["nodes"]),
-                f"{s['ttft_s_median_reuse']:.3f} s",
-                f"{s['ttft_s_median_no_reuse']:.3f} s",
+                str(s["replicas_used"]),
+                f"{s['wall_s_reuse']:.2f} / {s['wall_s_no_reuse']:.2f}",
+                f"{s['ttft_s_median_reuse']:.3f} / {s['ttft_s_median_no_reuse']:.3f} s",
                 f"{s['prefill_tokens_reuse']} / {s['prefill_tokens_no_reuse']}",
                 str(s["prefill_tokens_saved"]),
                 f"{s['bytes_moved']:,}",

@@ -111,7 +111,7 @@ CALIBRATION_KEY = "calibration"
 
 def connect(address: str | None = None, model: str = "tiny-llama", replicas: int = 2, decode_steps: int = 16,
             recalibrate: bool = False, kv_mode: str = "exact", transport: str = "ucx",
-            device: str = "cpu") -> Client:  # fmt: skip
+            device: str = "cpu", recompute_head: int = 12) -> Client:  # fmt: skip
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
     move KV over ``transport``: ucx or ray; an attached deployment keeps what it was served
@@ -127,7 +127,7 @@ def connect(address: str | None = None, model: str = "tiny-llama", replicas: int
     if address is None:
         ray = start_local()
         cluster = RayCluster.start(ray, model, replicas, kv_mode=kv_mode, transport=transport, device=device,
-                                   replace_existing=True)  # fmt: skip
+                                   replace_existing=True, recompute_head=recompute_head)  # fmt: skip
         calibration = calibrate_cluster(cluster)
     else:
         ray = ray_connect(address)

@@ -22,7 +22,7 @@ import torch
 from graphflow.kv.diffstore import DifferentialKV, KVMode
 from graphflow.kv.packing import cache_from_tensor, stack_cache
 from graphflow.kv.paths import PathKey
-from graphflow.models.engine import Engine
+from graphflow.kv.prefiller import Prefiller
 
 __all__ = ["rebuild_template", "recompute_tokens"]
 
@@ -41,7 +41,7 @@ def _mask(prefix: int, n_template: int, chosen: torch.Tensor, dtype: torch.dtype
 
 @torch.inference_mode()
 def recompute_tokens(
-    engine: Engine,
+    engine: Prefiller,
     prefix_kv: torch.Tensor,
     template_kv: torch.Tensor,
     template: Sequence[int],
@@ -59,23 +59,23 @@ def recompute_tokens(
         raise ValueError(f"recompute positions must lie in [0, {n}), got {positions!r}")
     dtype = prefix_kv.dtype
     p = prefix_kv.shape[3]
-    cache = cache_from_tensor(torch.cat((prefix_kv, template_kv.to(dtype)), dim=3), engine.config)
-    ids = torch.tensor([[template[int(i)] for i in chosen]], dtype=torch.long)
+    cache = cache_from_tensor(torch.cat((prefix_kv, template_kv.to(dtype)), dim=3), engine.config, prefix_kv.device)
+    ids = torch.tensor([[template[int(i)] for i in chosen]], dtype=torch.long, device=prefix_kv.device)
     engine.model(
         input_ids=ids,
         cache=cache,
         use_cache=True,
-        position_ids=(chosen + p)[None],
-        attention_mask=_mask(p, n, chosen, dtype),
+        position_ids=(chosen + p)[None].to(prefix_kv.device),
+        attention_mask=_mask(p, n, chosen, dtype).to(prefix_kv.device),
     )
     fresh = stack_cache(cache, p + n)
     out = template_kv.clone()
-    out[:, :, :, chosen] = fresh.to(out.dtype)
+    out[:, :, :, chosen.to(out.device)] = fresh.to(out.dtype)
     return out
 
 
 def rebuild_template(
-    engine: Engine,
+    engine: Prefiller,
     store: DifferentialKV,
     key: PathKey,
     prefix_kv: torch.Tensor,

@@ -26,16 +26,16 @@ from dataclasses import dataclass
 import torch
 
 from graphflow.kv.packing import stack_cache
+from graphflow.kv.prefiller import Prefiller
 from graphflow.kv.rope import rerotate_keys
 from graphflow.kv.state import RopeInfo
-from graphflow.models.engine import Engine
 
 __all__ = ["EncodedResidual", "ResidualCodec", "SparseResidual", "apply_residual", "base_kv", "frame0_residual",
            "near_zero_fractions", "reconstruct", "rerotate_kv", "residual", "sparsify", "template_kv"]  # fmt: skip
 
 
 @torch.inference_mode()
-def template_kv(engine: Engine, template_ids: Sequence[int], prefix_ids: Sequence[int] = ()) -> torch.Tensor:
+def template_kv(engine: Prefiller, template_ids: Sequence[int], prefix_ids: Sequence[int] = ()) -> torch.Tensor:
     """KV of ``template_ids`` computed after ``prefix_ids`` (exact), template tokens only."""
     if not template_ids:
         raise ValueError("the template has no tokens")
@@ -44,7 +44,7 @@ def template_kv(engine: Engine, template_ids: Sequence[int], prefix_ids: Sequenc
     return stack_cache(out.cache, len(prefix_ids)).float()
 
 
-def base_kv(engine: Engine, template_ids: Sequence[int]) -> torch.Tensor:
+def base_kv(engine: Prefiller, template_ids: Sequence[int]) -> torch.Tensor:
     """``base(v)``: the template's KV with no prefix, positions ``[0, n_v)``."""
     return template_kv(engine, template_ids)
 

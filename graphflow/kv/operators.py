@@ -23,10 +23,10 @@ from graphflow.kv.block import KVBlock
 from graphflow.kv.codec import from_wire, to_wire
 from graphflow.kv.manager import AdmitEvent, EvictEvent, KVStateManager, StateRecord, batch_from_blocks
 from graphflow.kv.packing import cache_to_blocks
+from graphflow.kv.prefiller import Prefiller
 from graphflow.kv.rope import rerotate_keys
 from graphflow.kv.state import KVState, Lineage
 from graphflow.kv.store import BlockStore
-from graphflow.models.engine import Engine
 from transport.base import TransferSpec, TransferStats, Transport
 
 __all__ = ["MergeResult", "evict", "fork", "materialize", "merge", "transfer"]
@@ -40,7 +40,7 @@ def _report(manager: KVStateManager | None, store: BlockStore, state: KVState, t
 
 
 def materialize(
-    engine: Engine,
+    engine: Prefiller,
     store: BlockStore,
     token_ids: list[int],
     *,

@@ -43,8 +43,11 @@ class Deployment:
     transport: str = "ucx"
     device: str = "cpu"
     gpus_per_replica: float = 0.0
+    recompute_head: int = 12  # differential: template tokens recomputed after the prefix, not rebuilt
 
     def __post_init__(self) -> None:
+        if self.recompute_head < 0:
+            raise ValueError(f"recompute_head must be non-negative, got {self.recompute_head}")
         if self.replicas <= 0:
             raise ValueError(f"need at least one replica, got {self.replicas}")
         if self.transport not in TRANSPORTS:
@@ -114,7 +117,7 @@ class RayCluster:
     def start(cls, ray: Any, model: str, n: int, capacity_bytes: int = 1 << 30, detached: bool = False,
               snapshot_dir: str = "", timeout_s: float = 120.0, kv_mode: str = "exact", transport: str = "ucx",
               device: str = "cpu", gpus_per_replica: float = 0.0, replace_existing: bool = False,
-              eviction: str = "score") -> RayCluster:  # fmt: skip
+              eviction: str = "score", recompute_head: int = 12) -> RayCluster:  # fmt: skip
         """Create the manager and ``n`` replica actors, unless this deployment already runs.
 
         A running deployment of the same model, replicas, mode, capacity, transport and device
@@ -123,7 +126,7 @@ class RayCluster:
         its catalog there (Parquet), and a manager that dies is restarted from it plus what the
         replicas report holding. ``transport``: how replicas move KV (``ucx``; ``ray`` where
         UCX cannot connect). ``device``: ``cpu`` or ``cuda`` (``gpus_per_replica`` GPUs each)."""
-        want = Deployment(model, n, kv_mode, capacity_bytes, transport, device, gpus_per_replica)
+        want = Deployment(model, n, kv_mode, capacity_bytes, transport, device, gpus_per_replica, recompute_head)
         running = cls._running(ray)
         if running is not None and running != want:
             if not replace_existing:
@@ -140,7 +143,7 @@ class RayCluster:
         handles = {}
         for name in names:
             cfg = ReplicaConfig(name, model, capacity_bytes, transport=transport, timeout_s=timeout_s, kv_mode=kv_mode,
-                                device=device, eviction=eviction)  # fmt: skip
+                                device=device, eviction=eviction, recompute_head=recompute_head)  # fmt: skip
             actor = ray.remote(ReplicaActor).options(
                 name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, num_gpus=gpus_per_replica,
                 max_concurrency=4, **life,

@@ -193,7 +193,8 @@ class WorkflowExecutor:
                 if d.option is Option.TRANSFER and d.replica in transferring:
                     continue  # NOTE: wait for the transfer in flight; the prefix will then be local
                 attempts[nid] = attempts.get(nid, 0) + 1
-                plan = self._plan(run_id, nid, ctx, d, reuse, node.preds, tmpl,
+                kept = tuple(p for p in node.preds if results[p].admit is not None)  # lineage: states that exist
+                plan = self._plan(run_id, nid, ctx, d, reuse, kept, tmpl,
                                   next_use(gs, set(results), ready, run_id) if reuse else ())  # fmt: skip
                 try:
                     handles = self._launch(plan, d, ctx)

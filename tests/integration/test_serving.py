@@ -36,7 +36,13 @@ def test_serve_submit_status_shutdown():
                                  "--detach", "--json"))  # fmt: skip
         assert served["replicas"] == ["graphflow-replica-0", "graphflow-replica-1"]
         assert served["kv_mode"] == "differential"
-        assert served["link_bandwidth_bytes_per_s"] > 0  # measured once at serve, shared with clients
+        assert served["transport"] == "ucx"
+        pairs = {(ln["src"], ln["dst"]) for ln in served["links"]}  # measured once per ordered pair, shared
+        assert pairs == {("graphflow-replica-0", "graphflow-replica-1"), ("graphflow-replica-1", "graphflow-replica-0")}
+        assert all(ln["bandwidth_bytes_per_s"] > 0 for ln in served["links"])
+        other = _cli("serve", "--address", HEAD, "--model", "tiny-qwen2", "--detach", check=False)
+        said = other.stderr.strip().splitlines()[-1]  # one sentence naming both (Ray logs its own lines first)
+        assert other.returncode == 2 and "already serves 2 × tiny-llama" in said and "tiny-qwen2" in said
         task = "Add 17 and 25, then double the result. " * 6
         result = _last_json(_cli("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--decode", "4",
                                  "--json"))  # fmt: skip
@@ -47,6 +53,7 @@ def test_serve_submit_status_shutdown():
         status = _last_json(_cli("status", "--address", HEAD, "--json"))
         assert len(status["replicas"]) == 2 and any(r["blocks"] > 0 for r in status["replicas"])
         assert {r["kv_mode"] for r in status["replicas"]} == {"differential"}
+        assert {r["transport"] for r in status["replicas"]} == {"ucx"} and all(r["node"] for r in status["replicas"])
         assert sum(r["hits"] for r in status["replicas"]) > 0
         bad = subprocess.run([sys.executable, "-m", "graphflow.cli", "status", "--address", "127.0.0.1:6379"],
                              capture_output=True, text=True, timeout=300,
@@ -62,5 +69,33 @@ def test_serve_submit_status_shutdown():
 def test_check_e2e_exact_mode():
     r = _last_json(_cli("check", "e2e", "--replicas", "2", "--branches", "4", "--model", "tiny-llama", "--json"))
     assert r["outputs_identical"] is True
-    assert r["prefill_tokens_saved"] > 0
-    assert r["transport"] == "ray"
+    assert r["transport"] == "ucx" and r["bytes_moved"] > 0 and r["root_prefill_tokens"] > 0
+    # saved is net of the root's one prefill: it closes the books against the reuse-off run
+    assert 0 < r["prefill_tokens_saved"] == r["prefill_tokens_no_reuse"] - r["prefill_tokens_reuse"]
+    assert r["decisions"]["ROOT"] == "materialize" and "transfer" in r["decisions"].values()
+
+
+RECONSTRUCT = """
+import json
+from graphflow.client import connect
+from graphflow.workflow.corpus import load_corpus, references
+client = connect(None, model="tiny-llama", replicas=2, decode_steps=3, kv_mode="differential", recompute_head=0)
+wf = references(load_corpus())["GSM8K"]
+rows = []
+for i in range(8):
+    r = client.run(f"Problem {i}: a cart moves {i + 3} metres a second for 9 seconds. How far? " * 3, wf)
+    rows += [{"run": i, "node": t.node, "decision": t.decision, "rebuilt": t.rebuilt_tokens} for t in r.nodes]
+    rows += [{"run": i, "predicted": {o.value: s for o, s in d.predicted_s.items()}, "chosen": d.option.value}
+             for d in r.decisions]
+print(json.dumps(rows))
+"""
+
+
+def test_differential_deployment_reconstructs_where_the_policy_prices_it_lowest():
+    proc = subprocess.run([sys.executable, "-c", RECONSTRUCT], capture_output=True, text=True, env=ENV, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    done = [r for r in rows if r.get("decision") == "reconstruct"]
+    assert done and all(r["rebuilt"] > 0 for r in done)  # the replica applied the residual the plan named
+    chosen = [r for r in rows if r.get("chosen") == "reconstruct"]
+    assert chosen and all(r["predicted"]["reconstruct"] == min(r["predicted"].values()) for r in chosen)
