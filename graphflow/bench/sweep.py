@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from graphflow.bench.timing import median_seconds
-from graphflow.checks.transfer import spec_for_prompt
+from graphflow.kv.exchange import spec_for_prompt
 from graphflow.kv.codec import from_wire, to_wire
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine

@@ -83,7 +83,7 @@ client = connect(None, model="tiny-llama", replicas=2, decode_steps=3, kv_mode="
 wf = references(load_corpus())["GSM8K"]
 rows = []
 for i in range(8):
-    r = client.run(f"Problem {i}: a cart moves {i + 3} metres a second for 9 seconds. How far? " * 3, wf)
+    r = client.run(f"Problem {i}: a cart moves {i + 3} metres a second for 9 seconds. How far? " * 30, wf)
     rows += [{"run": i, "node": t.node, "decision": t.decision, "rebuilt": t.rebuilt_tokens} for t in r.nodes]
     rows += [{"run": i, "predicted": {o.value: s for o, s in d.predicted_s.items()}, "chosen": d.option.value}
              for d in r.decisions]
