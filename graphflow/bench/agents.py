@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from graphflow.kv.exchange import spec_for_prompt
 from graphflow.kv.codec import from_wire, to_wire
+from graphflow.kv.exchange import spec_for_prompt
 from graphflow.kv.operators import materialize
 from graphflow.kv.packing import batch_cache, cache_nbytes, cache_to_blocks, stack_cache
 from graphflow.kv.state import Lineage

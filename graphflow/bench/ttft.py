@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from graphflow.bench.transport_pair import BenchPlan, run_pair
-from graphflow.kv.exchange import spec_for_prompt
 from graphflow.kv.codec import from_wire, to_wire
+from graphflow.kv.exchange import spec_for_prompt
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids

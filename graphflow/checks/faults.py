@@ -89,7 +89,7 @@ class FaultSuite:
                 self._kill_replica(replica_name(i))
         # NOTE: detached, as `graphflow serve` deploys: a non-detached actor would die with the last
         # handle of the deployment object that created it
-        cluster = RayCluster.start(self.ray, self.model, 2, capacity_bytes, detached=True,
+        cluster = RayCluster.start(self.ray, self.model, 2, capacity_bytes, detached=True, replace_existing=fresh,
                                    snapshot_dir=self.snapshot_dir, timeout_s=self.timeout_s)  # fmt: skip
         self.cluster = cluster
         return cluster

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 from graphflow.runtime.templates import kv_mode as kv_mode_of
@@ -220,6 +221,9 @@ class RayCluster:
                 self.handles.pop(name, None)
                 continue
             reported += ray.get(self._manager.resync_replica.remote(info, held, time.time()))
+            templates = ray.get(self.handles[name].template_holdings.remote())
+            if templates:  # what it can rebuild: not in the snapshot, re-reported like its holdings
+                ray.get(self._manager.apply.remote([TemplateEvent(name, templates)], time.time()))
         if snapshot_dir:
             ray.get(self._manager.enable_snapshots.remote(snapshot_dir))
         return reported

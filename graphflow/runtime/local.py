@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 
@@ -84,6 +85,7 @@ class LocalCluster:
         live = [r for r in self.replicas if r not in self._stopped]
         reported = sum(manager.resync_replica(self.workers[r].info(), self.workers[r].holdings(), time.time())
                        for r in live)  # fmt: skip
+        manager.apply([TemplateEvent(r, self.workers[r].template_holdings()) for r in live], time.time())
         if self.snapshot_dir:
             manager.enable_snapshots(self.snapshot_dir)
         self._manager = manager
