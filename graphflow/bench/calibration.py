@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 
-from graphflow.bench.timing import median_seconds
-from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
-from graphflow.models.prompts import prompt_token_ids
-from graphflow.runtime.calibration import TEMPLATE_LENGTHS, reconstruct_samples
+from graphflow.runtime.calibration import TEMPLATE_LENGTHS, prefill_samples, reconstruct_samples, resume_samples
 from scheduler.calibrate import Profile, fit_linear, fit_link, fit_prefill, save_profile
 from transport.base import TransportConfig
 from transport.local import LocalTransport
@@ -41,15 +37,9 @@ def calibrate(
 ) -> Profile:
     engine = Engine.load(model, say=say)
     bpt, bt = engine.kv_bytes_per_token(), 16
-    prefill, resume = [], []
-    for n in PREFILL_LENGTHS:
-        say(f"prefill {n} tokens")
-        ids = prompt_token_ids(engine.tokenizer, n)
-        prefill.append((n, median_seconds(partial(engine.prefill, ids), repeats)))
-        blocks = cache_to_blocks(engine.prefill(ids).cache, ids, engine.identity, bt)
-        resume.append(
-            (n * bpt, median_seconds(partial(blocks_to_cache, blocks, engine.identity, engine.config), repeats))
-        )
+    say(f"prefill and cache rebuild at {', '.join(map(str, PREFILL_LENGTHS))} tokens")
+    prefill = prefill_samples(engine, PREFILL_LENGTHS, repeats)
+    resume = resume_samples(engine, PREFILL_LENGTHS, bt, repeats)
     sizes = [n * bpt for n in PROBE_TOKENS]
     links = {}
     for backend in backends:

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from graphflow.bench.timing import median_seconds
 from graphflow.kv.codec import from_wire, to_wire
 from graphflow.kv.exchange import spec_for_prompt
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
+from graphflow.runtime.calibration import median_seconds
 from scheduler.calibrate import Profile, fit_linear, fit_link, fit_prefill
 from scheduler.policy import Option, Policy, RemoteCopy, StateRequest, decide, prediction_error, regret
 from transport.base import TransferSpec

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from graphflow.bench.timing import median_seconds
+from graphflow.runtime.calibration import median_seconds
 from transport.layout import message_spans
 from transport.local import SharedCopy
 from transport.memory import host_arena

@@ -107,12 +107,20 @@ class RunResult:
         return sum(t.prefill_tokens_saved + t.rebuilt_tokens for t in self.nodes) - self.root_prefill_tokens
 
 
-def next_use(gs: ExecGraph, done: set[str], ready: Sequence[str], run_id: str) -> tuple[tuple[str, int], ...]:
-    """For each state the unfinished nodes extend, the topological steps until one needs it
-    (0: a node that is ready now). Nodes of ``ready`` count 0."""
+def levels(gs: ExecGraph) -> dict[str, int]:
+    """Each node's topological level (0: no predecessors)."""
     level: dict[str, int] = {}
     for n in gs.nodes:  # topological order
         level[n.id] = 1 + max((level[p] for p in n.preds), default=-1)
+    return level
+
+
+def next_use(gs: ExecGraph, done: set[str], ready: Sequence[str], run_id: str,
+             level: dict[str, int] | None = None) -> tuple[tuple[str, int], ...]:  # fmt: skip
+    """For each state the unfinished nodes extend, the topological steps until one needs it
+    (0: a node that is ready now). Nodes of ``ready`` count 0. ``level``: :func:`levels` of
+    ``gs``, when the caller has it."""
+    level = level if level is not None else levels(gs)
     left = [n for n in gs.nodes if n.id not in done]
     if not left:
         return ()
@@ -171,6 +179,7 @@ class WorkflowExecutor:
         retry: dict[str, str] = {}  # node → why its last attempt failed (it is recomputed)
         attempts: dict[str, int] = {}
         turn = itertools.count()
+        level = levels(gs)
         while len(results) < len(gs.nodes):
             launched = {v[0] for v in in_flight.values()}
             ready = gs.ready(set(results))
@@ -195,7 +204,7 @@ class WorkflowExecutor:
                 attempts[nid] = attempts.get(nid, 0) + 1
                 kept = tuple(p for p in node.preds if results[p].admit is not None)  # lineage: states that exist
                 plan = self._plan(run_id, nid, ctx, d, reuse, kept, tmpl,
-                                  next_use(gs, set(results), ready, run_id) if reuse else ())  # fmt: skip
+                                  next_use(gs, set(results), ready, run_id, level) if reuse else ())  # fmt: skip
                 try:
                     handles = self._launch(plan, d, ctx)
                 except Exception as exc:

@@ -12,10 +12,9 @@ context tokens [0 ── local ── lo ────── hi ─────�
    ─► admits / evictions for the manager, what it can rebuild now, a per-node trace
 ```
 
-Eviction (when a new state does not fit): the state with the lowest ``scheduler.eviction``
-score goes first — hits, bytes freed, age and the running workflows' steps until next use —
-and a state a ready node needs (``next_use`` 0) is never chosen; ``eviction="oldest"`` keeps
-the old oldest-first order (an ablation).
+Eviction, when a new state does not fit, follows ``runtime.kept``: lowest eviction score
+first (hits, bytes freed, age, the running workflows' steps until next use), never a state a
+ready node needs; ``eviction="oldest"`` keeps the old oldest-first order (an ablation).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from graphflow.kv.block import KVBlock, chain_keys
@@ -41,15 +39,13 @@ from graphflow.kv.paths import PathKey
 from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
+from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates, check_policy
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.templates import TemplateKV, kv_mode
-from scheduler.eviction import EvictionWeights, eviction_scores
 from scheduler.policy import Option
 from transport.base import TransferSpec, Transport, TransportConfig
 
 __all__ = ["EVICTION_POLICIES", "ReplicaConfig", "ReplicaWorker"]
-
-EVICTION_POLICIES = ("score", "oldest")
 
 
 def _templates(engine: Engine, config: ReplicaConfig) -> TemplateKV | None:
@@ -77,18 +73,9 @@ class ReplicaConfig:
     node: str = ""  # the cluster node it runs on ("" = this host)
 
     def __post_init__(self) -> None:
-        if self.eviction not in EVICTION_POLICIES:
-            raise ValueError(f"unknown eviction policy {self.eviction!r}; use one of {', '.join(EVICTION_POLICIES)}")
+        check_policy(self.eviction)
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
-
-
-@dataclass(slots=True)
-class _Held:
-    """Bookkeeping of one kept state (eviction inputs)."""
-
-    last_used_s: float
-    hits: int = 0
 
 
 class ReplicaWorker:
@@ -106,9 +93,7 @@ class ReplicaWorker:
         )
         self._faults: list[str] = []
         self._lock = threading.RLock()  # store mutations (a replica runs several calls at once)
-        self._held: dict[str, _Held] = {}  # kept states, oldest first
-        self._next_use: dict[str, dict[str, int]] = {}  # run id → state id → steps until a node needs it
-        self.weights = EvictionWeights()
+        self._held = KeptStates(config.eviction, clock)
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
         self.templates = _templates(self.engine, config)
@@ -138,7 +123,8 @@ class ReplicaWorker:
         self._check_length(len(plan.tokens) + plan.decode_steps)
         start = time.perf_counter()
         ids = list(plan.tokens)
-        self._note_next_use(plan)
+        with self._lock:
+            self._held.note_next_use(plan.run_id, plan.next_use)
         use_cache = plan.keep and plan.option is not Option.RECOMPUTE
         rebuild_at = len(ids) - n_tmpl if plan.option is Option.RECONSTRUCT else len(ids)
         local, evicted = self._local_prefix(ids, rebuild_at) if use_cache else ([], [])
@@ -146,13 +132,12 @@ class ReplicaWorker:
         received: list[KVBlock] = []
         lo, hi = plan.receive
         if hi > lo:
-            moved, received, more = self._receive(plan, ids[:hi], lo)
+            local = local[: lo // self.config.block_tokens]
+            moved, received, more = self._receive(plan, ids[:hi], local)
             evicted += more
             if len(local) * self.config.block_tokens < lo:
                 notes.append(f"own prefix shrank to {len(local) * self.config.block_tokens} tokens; prefilled more")
                 received = []
-            else:
-                local = local[: lo // self.config.block_tokens]
         prefix = local + received
         cached = len(prefix) * self.config.block_tokens
         # NOTE: _local_prefix verified every local block, the transport every received one
@@ -220,7 +205,7 @@ class ReplicaWorker:
         self._check_length(len(ids))
         begin = time.perf_counter()
         blocks = cache_to_blocks(self.engine.prefill(ids).cache, ids, self.engine.identity, self.config.block_tokens)
-        admit, evicted = self._store_state(blocks, Lineage("materialize"), state_id, ids, protect=self._needed_now())
+        admit, evicted = self._store_state(blocks, Lineage("materialize"), state_id, ids)
         seconds = time.perf_counter() - begin
         return MaterializeResult(self.config.name, len(ids), seconds, admit is not None,
                                  (*evicted, *([admit] if admit else [])))  # fmt: skip
@@ -256,11 +241,10 @@ class ReplicaWorker:
     def _keep(self, plan: NodePlan, state_tokens: list[int], cache: Any) -> tuple[AdmitEvent | None, list[EvictEvent]]:
         """Store the node's whole state (KV for every token but the last output) for reuse."""
         computed = cache_to_blocks(cache, state_tokens, self.engine.identity, self.config.block_tokens)
-        return self._store_state(computed, Lineage("node", plan.parents), plan.state_id, state_tokens,
-                                 protect=self._needed_now())  # fmt: skip
+        return self._store_state(computed, Lineage("node", plan.parents), plan.state_id, state_tokens)
 
-    def _store_state(self, computed: list[Any], lineage: Lineage, state_id: str, tokens: Sequence[int],
-                     protect: set[str]) -> tuple[AdmitEvent | None, list[EvictEvent]]:  # fmt: skip
+    def _store_state(self, computed: list[Any], lineage: Lineage, state_id: str,
+                     tokens: Sequence[int]) -> tuple[AdmitEvent | None, list[EvictEvent]]:  # fmt: skip
         """Add a state, evicting others (see the module docstring) when the store is full.
 
         A state that cannot fit without evicting a protected one, or that is larger than the
@@ -283,53 +267,19 @@ class ReplicaWorker:
                 need = sum({b.key: b.nbytes for b in blocks if not self.store.has_block(b.key)}.values())
                 if self.store.can_allocate(need):
                     break
-                victim = self._victim(protect)
+                victim = self._held.victim(self._freed_bytes)
                 if victim is None:
                     break
                 evicted.append(self._evict(victim))
-            state = self.store.add_state(blocks, lineage, state_id) if self.store.can_allocate(need) else None
+            state = self.store.add_state(blocks, lineage, state_id)  # None: it does not fit
             if state is None:
                 return None, evicted
-            self._held[state_id] = _Held(self.clock())
+            self._held.add(state_id)
             return self._admit_event(state_id, tokens), evicted
 
-    def _victim(self, protect: set[str]) -> str | None:
-        """The kept state to evict next, or ``None`` when every one is protected (the
-        ``oldest`` ablation protects nothing: it is the order replicas used before)."""
-        if self.config.eviction == "oldest":
-            return next(iter(self._held), None)
-        names = [s for s in self._held if s not in protect]
-        if not names:
-            return None
-        now = self.clock()
-        soon = self._soonest_use()
-        freed = [sum(b.nbytes for b in self.store.blocks(s) if self.store.refcount(b.key) == 1) for s in names]
-        scores = eviction_scores(
-            np.array([self._held[s].hits for s in names]),
-            np.array(freed),
-            np.array([now - self._held[s].last_used_s for s in names]),
-            np.array([soon.get(s, -1) for s in names]),
-            self.weights,
-        )
-        return names[int(np.argmin(scores))]  # NOTE: ties go to the oldest (argmin takes the first)
-
-    def _note_next_use(self, plan: NodePlan) -> None:
-        with self._lock:
-            if plan.next_use:
-                self._next_use[plan.run_id] = dict(plan.next_use)
-            else:
-                self._next_use.pop(plan.run_id, None)
-
-    def _soonest_use(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for table in self._next_use.values():
-            for sid, steps in table.items():
-                out[sid] = min(steps, out.get(sid, steps))
-        return out
-
-    def _needed_now(self) -> set[str]:
-        """States a node that is ready now will read (their plans may already be on the way)."""
-        return {s for s, steps in self._soonest_use().items() if steps == 0}
+    def _freed_bytes(self, state_id: str) -> int:
+        """Bytes that releasing ``state_id`` would free (blocks no other state holds)."""
+        return sum(b.nbytes for b in self.store.blocks(state_id) if self.store.refcount(b.key) == 1)
 
     def _admit_event(self, state_id: str, tokens: Sequence[int]) -> AdmitEvent:
         """The admit for a stored state, listing every block of it, not only new ones: the manager
@@ -341,7 +291,7 @@ class ReplicaWorker:
         return AdmitEvent(self.config.name, record, batch_from_blocks(unique, self.config.name, state_id))
 
     def _evict(self, state_id: str) -> EvictEvent:
-        del self._held[state_id]
+        self._held.remove(state_id)
         freed = tuple(k for k in self.store.state(state_id).block_keys if self.store.refcount(k) == 1)
         evict_state(self.store, state_id)
         return EvictEvent(self.config.name, freed, state_id)
@@ -367,39 +317,30 @@ class ReplicaWorker:
                     return out, self._drop_block(k)
                 out.append(block)
             if out:
-                self._touch(out[-1].key)
+                self._held.touch(self._holders(out[-1].key))
         return out, []
 
-    def _touch(self, key: int) -> None:
-        now = self.clock()
-        for sid, held in self._held.items():
-            if key in self.store.state(sid).block_keys:
-                held.hits += 1
-                held.last_used_s = now
+    def _holders(self, key: int) -> list[str]:
+        """Kept states that hold block ``key``."""
+        return [sid for sid in self._held if key in self.store.state(sid).block_keys]
 
     def _drop_block(self, key: int) -> list[EvictEvent]:
         """Release every state holding ``key`` (a corrupt block); returns the evictions."""
-        holders = [sid for sid in self._held if key in self.store.state(sid).block_keys]
-        return [self._evict(sid) for sid in holders]
+        return [self._evict(sid) for sid in self._holders(key)]
 
     # ---- transfers -----------------------------------------------------------------------
-    def _receive(self, plan: NodePlan, ids: list[int], lo: int) -> tuple[int, list[KVBlock], list[EvictEvent]]:
-        """Receive the blocks of ``ids[lo:]`` (full blocks only) from the plan's source; they
-        are kept as a state of their own when they fit (and used for this node either way)."""
-        bt = self.config.block_tokens
+    def _receive(self, plan: NodePlan, ids: list[int],
+                 own: list[KVBlock]) -> tuple[int, list[KVBlock], list[EvictEvent]]:  # fmt: skip
+        """Receive the blocks of ``ids[lo:]`` (full blocks only; ``lo`` from the plan) from the
+        plan's source. With ``own`` (this store's verified blocks of ``ids[:lo]``) they are kept
+        as a state of their own when they fit (and used for this node either way)."""
+        bt, lo = self.config.block_tokens, plan.receive[0]
         n = len(ids) // bt * bt
         spec = spec_for_prompt(self.engine.identity, ids[:n], bt, plan.source_address, plan.transfer_id, lo)
         received, stats = receive_blocks(self.transport, spec)
-        if not received:
-            return stats.nbytes, [], []
-        # blocks this replica already computed itself keep their stored bytes (see _store_state)
-        with self._lock:
-            own = [self.store.block(k) for k in chain_keys(ids[:lo], self.engine.identity.model_key, bt)
-                   if self.store.has_block(k)]  # fmt: skip
         evicted: list[EvictEvent] = []
-        if len(own) * bt == lo:
-            _, evicted = self._store_state(own + received, Lineage("transfer"), f"{plan.state_id}:transfer",
-                                           ids[:n], protect=self._needed_now())  # fmt: skip
+        if received and len(own) * bt == lo:
+            _, evicted = self._store_state(own + received, Lineage("transfer"), f"{plan.state_id}:transfer", ids[:n])
         return stats.nbytes, received, evicted
 
     FAULTS = ("drop-send", "corrupt-send", "corrupt-store")
@@ -464,7 +405,7 @@ class ReplicaWorker:
 
     def release(self, state_id: str) -> int:
         with self._lock:
-            self._held.pop(state_id, None)
+            self._held.remove(state_id)
             return self.store.release(state_id)
 
     def info(self) -> ReplicaInfo:

@@ -86,13 +86,6 @@ class TemplateKV:
             self.store.observe(key, stack_cache(cache, start, start + n), start)
             self.learned += 1
 
-    def can_rebuild(self, key: PathKey, template: Sequence[int]) -> bool:
-        """Whether :meth:`rebuild` would serve ``key`` for these template tokens now."""
-        base = self.store.bases.get(key.op)
-        if base is None or base.version != base_version(self.store.model_key, template):
-            return False
-        return self.mode is KVMode.STATELESS or key in self.store.residuals
-
     def holdings(self) -> tuple[TemplateHolding, ...]:
         """What this replica can rebuild (reported to the KV manager, priced by the policy)."""
         out = []
