@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import platform
@@ -12,18 +13,31 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_csv", "replace_section", "save_figure", "write_csv", "write_meta"]
+__all__ = ["git_state", "read_csv", "replace_section", "save_figure", "write_csv", "write_meta"]
 
 _PACKAGES = ("torch", "transformers", "ray", "pyarrow", "numpy", "torch-geometric", "ucxx-cu12", "mpi4py")
 
 
+def git_state(root: Path) -> dict[str, Any]:
+    """The commit, whether the tree differs from it (tracked or untracked files), and a hash of
+    that difference when it does (so two dirty runs can be told apart)."""
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout
+        except OSError:
+            return ""
+
+    status = git("status", "--porcelain")
+    diff = git("diff", "HEAD") + status if status else ""
+    return {"git_sha": git("rev-parse", "HEAD").strip(), "git_dirty": bool(status),
+            "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if status else ""}  # fmt: skip
+
+
 def write_meta(folder: Path, **extra: Any) -> None:
-    """``meta.json``: git sha, package versions, machine, plus study settings."""
+    """``meta.json``: git commit (and whether the tree was clean), package versions, machine,
+    plus study settings."""
     root = Path(__file__).resolve().parents[1]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        sha = ""
     versions = {}
     for p in _PACKAGES:
         try:
@@ -31,7 +45,7 @@ def write_meta(folder: Path, **extra: Any) -> None:
         except metadata.PackageNotFoundError:
             versions[p] = None
     meta = {
-        "git_sha": sha,
+        **git_state(root),
         "packages": versions,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         **extra,

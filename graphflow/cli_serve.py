@@ -100,6 +100,10 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             12, help="Differential mode: template tokens recomputed after the prefix instead of rebuilt."
         ),
         gpus_per_replica: float = typer.Option(0.0, help="GPUs Ray reserves for each replica (cuda needs > 0)."),
+        threads: int = typer.Option(0, help="Torch threads per replica (0 = every core of its host)."),
+        prefault_mib: int = typer.Option(
+            -1, help="KV memory each replica faults in at start, a block pool (-1 = the whole capacity; 0 = on demand)."
+        ),
         replace: bool = typer.Option(
             False, "--replace", help="Shut down a running deployment of other settings instead of refusing."
         ),
@@ -117,8 +121,18 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         from graphflow.runtime.cluster import connect, start_head
 
         resolve(model)
+        prefault = capacity_mib << 20 if prefault_mib < 0 else prefault_mib << 20
         Deployment(
-            model, replicas, kv_mode, capacity_mib << 20, transport, device, gpus_per_replica, recompute_head
+            model,
+            replicas,
+            kv_mode,
+            capacity_mib << 20,
+            transport,
+            device,
+            gpus_per_replica,
+            recompute_head,
+            threads,
+            prefault,
         )  # checks input, one sentence per mistake
         if address:
             ray = connect(address)
@@ -131,7 +145,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         cluster = RayCluster.start(
             ray, model, replicas, capacity_mib << 20, detached=True, snapshot_dir=snapshots, kv_mode=kv_mode,
             transport=transport, device=device, gpus_per_replica=gpus_per_replica, replace_existing=replace,
-            recompute_head=recompute_head,
+            recompute_head=recompute_head, threads=threads, prefault_bytes=prefault,
         )  # fmt: skip
         say("measuring prefill and replica-to-replica transfer costs for the scheduler")
         calibration = calibrate_cluster(cluster)

@@ -12,6 +12,7 @@ recalibrating client measures its own.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -23,7 +24,8 @@ from scheduler.cost import LinkMatrix, LinkSpec
 from scheduler.policy import Policy
 from transport.base import transfer_ids
 
-__all__ = ["CALIBRATION_KEY", "Calibration", "Client", "calibrate_cluster", "connect", "measure_link", "measure_pair"]
+__all__ = ["CALIBRATION_KEY", "Calibration", "Client", "calibrate_cluster", "connect", "measure_link", "measure_pair",
+           "new_run_id"]  # fmt: skip
 
 _probe_ids = transfer_ids()
 
@@ -91,8 +93,11 @@ class Client:
     cluster: Any
     executor: WorkflowExecutor
 
-    def run(self, task: str, workflow: Workflow | None = None, reuse: bool = True) -> RunResult:
-        """Generate (or take) a workflow for ``task``, run it on the replicas, return output + trace."""
+    def run(self, task: str, workflow: Workflow | None = None, reuse: bool = True,
+            pin: Mapping[str, str] | None = None) -> RunResult:  # fmt: skip
+        """Generate (or take) a workflow for ``task``, run it on the replicas, return output + trace.
+
+        ``pin`` maps node ids (or ``ROOT``, the task context) to the replica they must run on."""
         if not task or not task.strip():
             raise ValueError("the task is empty; pass the task's text")
         if workflow is None:
@@ -100,7 +105,7 @@ class Client:
 
             workflow = Planner.load().generate(task)
         task_ids = self.cluster.get(self.cluster.call(self.cluster.replicas[0], "encode", task))
-        return self.executor.run(compile_workflow(workflow), task_ids, f"run-{uuid.uuid4().hex[:8]}", reuse=reuse)
+        return self.executor.run(compile_workflow(workflow), task_ids, new_run_id(), reuse=reuse, pin=pin)
 
     def status(self) -> list[dict[str, Any]]:
         return self.cluster.stats()
@@ -109,13 +114,22 @@ class Client:
 CALIBRATION_KEY = "calibration"
 
 
+def new_run_id() -> str:
+    """A fresh workflow run id (state ids are ``run:node``)."""
+    return f"run-{uuid.uuid4().hex[:8]}"
+
+
 def connect(address: str | None = None, model: str = "tiny-llama", replicas: int = 2, decode_steps: int = 16,
             recalibrate: bool = False, kv_mode: str = "exact", transport: str = "ucx",
-            device: str = "cpu", recompute_head: int = 12) -> Client:  # fmt: skip
+            device: str = "cpu", recompute_head: int = 12, capacity_mib: int = 1024, threads: int = 0,
+            prefault_mib: int = 0) -> Client:  # fmt: skip
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
-    move KV over ``transport``: ucx or ray; an attached deployment keeps what it was served
-    with, and an embedded one of other settings in this process is replaced).
+    move KV over ``transport``: ucx or ray, each with ``capacity_mib`` of KV store, ``threads``
+    torch threads (0: every core) and ``prefault_mib`` of KV memory faulted in at start (0: on
+    demand; ``graphflow serve`` faults in the whole capacity by default); an attached deployment
+    keeps what it was served with, and an embedded one of other settings in this process is
+    replaced).
 
     An attached client uses the calibration ``graphflow serve`` measured and shared, unless
     there is none, it was measured for another model, or ``recalibrate`` asks for a new one.
@@ -126,8 +140,9 @@ def connect(address: str | None = None, model: str = "tiny-llama", replicas: int
 
     if address is None:
         ray = start_local()
-        cluster = RayCluster.start(ray, model, replicas, kv_mode=kv_mode, transport=transport, device=device,
-                                   replace_existing=True, recompute_head=recompute_head)  # fmt: skip
+        cluster = RayCluster.start(ray, model, replicas, capacity_mib << 20, kv_mode=kv_mode, transport=transport,
+                                   device=device, replace_existing=True, recompute_head=recompute_head,
+                                   threads=threads, prefault_bytes=prefault_mib << 20)  # fmt: skip
         calibration = calibrate_cluster(cluster)
     else:
         ray = ray_connect(address)

@@ -7,6 +7,11 @@ and local prefix reuse, against the physical bound.
 Each model runs as two UCX processes (replica A holds the state, replica B runs the agent);
 see ``graphflow/bench/ttft.py`` for what each system's timing covers. Writes
 ``results/ttft.csv``, ``meta.json``, ``results/ttft.png`` and the README table.
+
+``--served`` (SmolLM2 at 1K and 4K by default) measures the same agent through the served path
+(``experiments/ttft/served.py``: ``connect()`` → executor → replica actors → manager → UCX) and,
+in the same run and with the same torch threads, the scripted pair; writes ``results/served/``
+(CSV, ``meta.json``) and the README's served table, never the scripted study's files.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ SYSTEMS = ("dense", "text", "local", "ours")
 PUBLISHED = "AAFLOW+ reports TTFT up to 50.2× faster than dense prefill (published, modeled in their code)"
 
 
-def measure(model: str, contexts: list[int], suffix: int, repeats: int) -> list[dict[str, Any]]:
+def measure(model: str, contexts: list[int], suffix: int, repeats: int, threads: int = 0) -> list[dict[str, Any]]:
     job = ["--job", "ttft", "--model", model, "--contexts", ",".join(map(str, contexts)), "--suffix", str(suffix),
-           "--repeats", str(repeats), "--timeout", "1200"]  # fmt: skip
+           "--repeats", str(repeats), "--timeout", "1200", "--threads", str(threads)]  # fmt: skip
     holder, got = run_two_processes("ucx", job, timeout_s=7200)
     bw = holder["transport_rows"][0]["raw_gbps"] * 1e9  # plain UCX messages, measured in this run
     if got["skipped_contexts"]:
@@ -112,8 +117,18 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smollm2-135m at 256 and 1024 tokens, 1 repeat (≤ 60 s)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("--report", action="store_true", help="only regenerate table, plot and summary from the CSV")
+    p.add_argument(
+        "--served",
+        action="store_true",
+        help="served path against the scripted pair, same run (default smollm2-135m at 1024,4096)",
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch threads of every process (0: this process's count)")
+    p.add_argument("--capacity-mib", type=int, default=2048, help="--served: KV store per replica, all prefaulted")
     args = p.parse_args()
     results = HERE / "results"
+    if args.served:
+        _served(args)
+        return
     if args.report:
         rows = [derive(r) for r in read_csv(results / "ttft.csv")]
         write_csv(results / "ttft.csv", rows)
@@ -133,6 +148,57 @@ def main() -> None:
     write_meta(HERE, models=args.models.split(","), contexts=contexts, suffix=args.suffix, repeats=args.repeats,
                quick=args.quick, backend="ucx", processes=2)  # fmt: skip
     _publish(rows, results, args.json)
+
+
+def _served(args: argparse.Namespace) -> None:
+    import torch
+
+    from experiments.ttft.served import served_rows
+
+    model = "smollm2-135m" if args.models == "qwen2-0.5b-shape,smollm2-135m" else args.models
+    contexts = [int(c) for c in ("1024,4096" if args.contexts == "1024,4096,8192,16384" else args.contexts).split(",")]
+    threads = args.threads or torch.get_num_threads()
+    if "," in model or args.repeats < 1 or any(c < 16 for c in contexts):
+        raise SystemExit("--served takes one model, contexts of at least 16 tokens and --repeats ≥ 1")
+    repeats = max(args.repeats, 3)
+    if not args.json:
+        print(f"served: {model} at {contexts}, {repeats} repeats, {threads} torch threads per process")
+    served = served_rows(model, contexts, repeats, threads, args.capacity_mib)
+    suffix = served["rows"][0]["suffix"]
+    scripted = {int(r["context"]): r for r in measure(model, contexts, suffix, repeats, threads)}
+    rows = [served_row(model, s, scripted[s["context"]]) for s in served["rows"]]
+    out = HERE / "results" / "served"
+    write_csv(out / "served.csv", rows)
+    write_meta(out, model=model, contexts=contexts, suffix=suffix, repeats=repeats, threads=threads,
+               replica_threads=served["threads"], prefaulted_bytes=served["prefaulted_bytes"],
+               transport=served["transport"], capacity_mib=args.capacity_mib,
+               link_bandwidth_bytes_per_s=served["link_bandwidth_bytes_per_s"])  # fmt: skip
+    replace_section(HERE / "README.md", "served", served_table(rows))
+    summary = {"served_over_scripted_max": max(r["served_over_scripted"] for r in rows),
+               "rows": [{k: r[k] for k in ("context", "decision", "served_s", "ours_s", "served_over_scripted",
+                                             "served_dense_over_served")} for r in rows]}  # fmt: skip
+    print(json.dumps(summary) if args.json else served_table(rows))
+
+
+def served_row(model: str, served: dict[str, Any], scripted: dict[str, Any]) -> dict[str, Any]:
+    """One context: the served timings beside the scripted pair's, and their ratios."""
+    ours = float(scripted["ours_s"])
+    return {"model": model, **served, "ours_s": ours, "local_s": float(scripted["local_s"]),
+            "dense_s": float(scripted["dense_s"]), "served_over_scripted": served["served_s"] / ours,
+            "served_replica_over_scripted": served["served_replica_s"] / ours,
+            "served_dense_over_served": served["served_dense_s"] / served["served_s"]}  # fmt: skip
+
+
+def served_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | context | decision | served s | replica-side s | decide ms | scripted ours s "
+             "| served ÷ scripted | served dense s | served dense ÷ served |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['context']} | {r['decision']} | {float(r['served_s']):.3f} "
+                     f"| {float(r['served_replica_s']):.3f} | {float(r['served_decide_s']) * 1e3:.1f} "
+                     f"| {float(r['ours_s']):.3f} | {float(r['served_over_scripted']):.2f} "
+                     f"| {float(r['served_dense_s']):.3f} | {float(r['served_dense_over_served']):.1f} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def _publish(rows: list[dict[str, Any]], results: Path, as_json: bool) -> None:

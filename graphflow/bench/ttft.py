@@ -49,6 +49,7 @@ class TtftPlan:
     suffix_tokens: int = 64
     repeats: int = 3
     raw_mib: int = 64
+    threads: int = 0  # torch threads of each process (0: torch's default, every core)
 
 
 def _suffix(engine: Engine, n: int) -> list[int]:
@@ -62,13 +63,15 @@ def _first_token(engine: Engine, ids: list[int], cache: Any = None) -> int:
 
 
 def ttft_side(t: MessageTransport, role: int, peer: str, plan: TtftPlan) -> dict[str, Any]:
+    if plan.threads:
+        torch.set_num_threads(plan.threads)
     engine = Engine.load(plan.model)
     bpt, bt = engine.kv_bytes_per_token(), 16
     ids = itertools.count(1 << 24)
     # the raw reference (one plain message per transfer) and our block transfer, in this run
     bench = run_pair(t, role, peer, BenchPlan([plan.raw_mib << 20], 1 << 20, iters=3, warmup=1, repeats=3))
     out: dict[str, Any] = {"role": role, "model": plan.model, "kv_bytes_per_token": bpt, "rows": [],
-                           "transport_rows": bench}  # fmt: skip
+                           "transport_rows": bench, "threads": torch.get_num_threads()}  # fmt: skip
     suffix = _suffix(engine, plan.suffix_tokens)
     limit = int(getattr(engine.config, "max_position_embeddings", 0) or 0)
     fits = [n for n in plan.contexts if not limit or n + len(suffix) <= limit]  # same on both sides

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             from graphflow.bench.ttft import TtftPlan, ttft_side
 
             contexts = [int(c) for c in args.contexts.split(",")]
-            ttft_plan = TtftPlan(args.model, contexts, args.suffix, args.repeats)
+            ttft_plan = TtftPlan(args.model, contexts, args.suffix, args.repeats, threads=args.threads)
             result = ttft_side(transport, args.role, peer, ttft_plan)  # type: ignore[arg-type]
         elif args.job == "agents":
             from graphflow.bench.agents import AgentsPlan, agents_side

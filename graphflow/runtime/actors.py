@@ -31,6 +31,13 @@ SNAPSHOT_KEY = "snapshot_dir"
 DEPLOYMENT_KEY = "deployment"
 NAMESPACE = "graphflow"
 TRANSPORTS = ("ucx", "ray")  # how served replicas move KV between each other
+# NOTE: a node's KV buffers (the rebuilt cache, each layer's grown keys and values) are tens to
+# hundreds of MiB; glibc hands them back to the OS when freed, from the actor's thread arenas
+# at once, and touching fresh pages costs ~1.2 ms per MiB in this VM (a 4K-token SmolLM2 node
+# paid ~0.3 s for it). Replicas keep freed memory instead: one malloc arena, no trimming, and
+# buffers up to glibc's largest mmap threshold (32 MiB) from the heap.
+REPLICA_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": str(2**32 - 1),
+               "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,8 @@ class Deployment:
     device: str = "cpu"
     gpus_per_replica: float = 0.0
     recompute_head: int = 12  # differential: template tokens recomputed after the prefix, not rebuilt
+    threads: int = 0  # torch threads per replica (0: every core of its host)
+    prefault_bytes: int = 0  # KV memory each replica faults in at start (0: on demand)
 
     def __post_init__(self) -> None:
         if self.recompute_head < 0:
@@ -56,13 +65,16 @@ class Deployment:
                              f"{', '.join(TRANSPORTS)}")  # fmt: skip
         if self.device.startswith("cuda") and self.gpus_per_replica <= 0:
             raise ValueError("a cuda deployment needs --gpus-per-replica > 0 so Ray places each replica on a GPU")
+        if self.threads < 0 or self.prefault_bytes < 0:
+            raise ValueError("threads and prefault must be non-negative")
         if self.gpus_per_replica < 0:
             raise ValueError(f"gpus_per_replica must be non-negative, got {self.gpus_per_replica}")
         kv_mode_of(self.kv_mode)  # a clear error here rather than from inside every actor
 
     def describe(self) -> str:
+        threads = f"{self.threads} threads" if self.threads else "all cores"
         return (f"{self.replicas} × {self.model} ({self.kv_mode} KV, {self.capacity_bytes >> 20} MiB each, "
-                f"{self.transport}, {self.device})")  # fmt: skip
+                f"{self.prefault_bytes >> 20} MiB prefaulted, {self.transport}, {self.device}, {threads})")  # fmt: skip
 
 
 class ReplicaActor(ReplicaWorker):
@@ -118,7 +130,8 @@ class RayCluster:
     def start(cls, ray: Any, model: str, n: int, capacity_bytes: int = 1 << 30, detached: bool = False,
               snapshot_dir: str = "", timeout_s: float = 120.0, kv_mode: str = "exact", transport: str = "ucx",
               device: str = "cpu", gpus_per_replica: float = 0.0, replace_existing: bool = False,
-              eviction: str = "score", recompute_head: int = 12) -> RayCluster:  # fmt: skip
+              eviction: str = "score", recompute_head: int = 12, threads: int = 0,
+              prefault_bytes: int = 0) -> RayCluster:  # fmt: skip
         """Create the manager and ``n`` replica actors, unless this deployment already runs.
 
         A running deployment of the same model, replicas, mode, capacity, transport and device
@@ -126,8 +139,11 @@ class RayCluster:
         with ``replace_existing``, shut down first. With ``snapshot_dir`` the manager snapshots
         its catalog there (Parquet), and a manager that dies is restarted from it plus what the
         replicas report holding. ``transport``: how replicas move KV (``ucx``; ``ray`` where
-        UCX cannot connect). ``device``: ``cpu`` or ``cuda`` (``gpus_per_replica`` GPUs each)."""
-        want = Deployment(model, n, kv_mode, capacity_bytes, transport, device, gpus_per_replica, recompute_head)
+        UCX cannot connect). ``device``: ``cpu`` or ``cuda`` (``gpus_per_replica`` GPUs each).
+        ``threads``: torch threads per replica (0: every core). ``prefault_bytes``: KV memory each
+        replica faults in when it starts, so receives land in touched pages (0: on demand)."""
+        want = Deployment(model, n, kv_mode, capacity_bytes, transport, device, gpus_per_replica, recompute_head,
+                          threads, prefault_bytes)  # fmt: skip
         running = cls._running(ray)
         if running is not None and running != want:
             if not replace_existing:
@@ -144,10 +160,11 @@ class RayCluster:
         handles = {}
         for name in names:
             cfg = ReplicaConfig(name, model, capacity_bytes, transport=transport, timeout_s=timeout_s, kv_mode=kv_mode,
-                                device=device, eviction=eviction, recompute_head=recompute_head)  # fmt: skip
+                                device=device, eviction=eviction, recompute_head=recompute_head, threads=threads,
+                                prefault_bytes=prefault_bytes)  # fmt: skip
             actor = ray.remote(ReplicaActor).options(
                 name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, num_gpus=gpus_per_replica,
-                max_concurrency=4, **life,
+                max_concurrency=4, runtime_env={"env_vars": REPLICA_ENV}, **life,
             )  # fmt: skip
             handles[name] = actor.remote(cfg)
         infos = ray.get([handles[n_].info.remote() for n_ in names])

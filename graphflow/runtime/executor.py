@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -71,6 +71,16 @@ class NodeTrace:
     note: str = ""  # why a fallback happened (a failed transfer, a lost replica), else ""
     rebuilt_tokens: int = 0  # template tokens the replica rebuilt from base + residual (not prefilled)
     planned: str = ""  # the scheduler's choice, when what ran differs from it
+    decide_s: float = 0.0  # executor: hashing the context, the manager round trip and placement
+    latency_s: float = 0.0  # executor: from deciding to holding the result (Ray calls both ways included)
+    phases: tuple[tuple[str, float], ...] = ()  # the replica's (phase, seconds): lookup, receive, rebuild, …
+
+    @property
+    def first_token_s(self) -> float:
+        """Seconds from the executor deciding this node to its first token, as served: the
+        latency less the replica's time after its first token (decode, storing the state).
+        The result's return trip stays in, so this bounds the served TTFT from above."""
+        return self.latency_s - (self.measured_s - self.ttft_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,23 +167,28 @@ class WorkflowExecutor:
         self._info: dict[str, ReplicaInfo] = {}
 
     def run(self, gs: ExecGraph, task_ids: Sequence[int], run_id: str, reuse: bool = True,
-            on_node: Callable[[NodeTrace], None] | None = None) -> RunResult:  # fmt: skip
+            on_node: Callable[[NodeTrace], None] | None = None,
+            pin: Mapping[str, str] | None = None) -> RunResult:  # fmt: skip
         """Execute ``gs`` for a task; ``reuse=False`` turns every KV reuse and transfer off.
 
-        ``on_node`` is called with each node's trace as it finishes (progress reporting). A node
-        whose replica dies or whose transfer fails is recomputed on a live replica; its trace
-        says why (``note``). Bad requests raise ``ValueError``."""
+        ``on_node`` is called with each node's trace as it finishes (progress reporting).
+        ``pin`` maps node ids (and ``ROOT``, the task context's materialization) to the replica
+        they must run on; the scheduler still chooses how their KV gets there. A node whose
+        replica dies or whose transfer fails is recomputed on a live replica (a lost pinned
+        replica included); its trace says why (``note``). Bad requests raise ``ValueError``."""
         c = self.cluster
+        pin = dict(pin or {})
+        self._check_pin(gs, pin)
         begin = time.perf_counter()
         self._refresh_info()
         traces: list[NodeTrace] = []
         if reuse:
-            traces.append(self._materialize_root(f"{run_id}:{ROOT}", task_ids))
+            traces.append(self._materialize_root(f"{run_id}:{ROOT}", task_ids, pin.get(ROOT, "")))
         tokens: dict[str, list[int]] = {ROOT: list(task_ids)}
         results: dict[str, NodeResult] = {}
         outputs: dict[str, tuple[int, ...]] = {}
         decisions: list[Decision] = []
-        in_flight: dict[Any, tuple[str, Decision, list[Any]]] = {}
+        in_flight: dict[Any, tuple[str, Decision, list[Any], float, float]] = {}  # + decided at, decide s
         load = {r: 0 for r in c.replicas}
         transferring: set[str] = set()  # replicas with a transfer in flight
         retry: dict[str, str] = {}  # node → why its last attempt failed (it is recomputed)
@@ -187,18 +202,19 @@ class WorkflowExecutor:
                 if nid in launched:
                     continue
                 node = gs.node(nid)
+                t0 = time.perf_counter()
                 ctx = node_context(node, tokens, outputs, task_ids, self._encode)
                 tokens[nid] = ctx
                 tmpl = TemplateRef(node.role, node_path(gs, nid), len(self._encode(node.template)))
+                pinned = pin.get(nid, "") if pin.get(nid, "") in c.replicas else ""  # a lost one no longer binds
                 if nid in retry:
-                    d = recompute(min(c.replicas, key=lambda r: load[r]), len(ctx), self.bpt, self.policy,
+                    d = recompute(pinned or min(c.replicas, key=lambda r: load[r]), len(ctx), self.bpt, self.policy,
                                   retry[nid], fallback=retry[nid])  # fmt: skip
                 elif reuse:
-                    d = self._decide(ctx, tmpl, load)
+                    d = self._decide(ctx, tmpl, load, pinned)
                 else:
-                    d = recompute(
-                        c.replicas[next(turn) % len(c.replicas)], len(ctx), self.bpt, self.policy, "reuse off"
-                    )
+                    d = recompute(pinned or c.replicas[next(turn) % len(c.replicas)], len(ctx), self.bpt,
+                                  self.policy, "reuse off")  # fmt: skip
                 if d.option is Option.TRANSFER and d.replica in transferring:
                     continue  # NOTE: wait for the transfer in flight; the prefix will then be local
                 attempts[nid] = attempts.get(nid, 0) + 1
@@ -216,12 +232,12 @@ class WorkflowExecutor:
                     continue  # decided again on the replicas that are left
                 if d.option is Option.TRANSFER:
                     transferring.add(d.replica)
-                in_flight[handles[0]] = (nid, d, handles)
+                in_flight[handles[0]] = (nid, d, handles, t0, time.perf_counter() - t0)
                 load[d.replica] += 1
             if not in_flight:
                 continue
             done = c.wait_one(list(in_flight))
-            nid, d, handles = in_flight.pop(done)
+            nid, d, handles, t0, decide_s = in_flight.pop(done)
             load[d.replica] -= 1
             if d.option is Option.TRANSFER:
                 transferring.discard(d.replica)
@@ -237,7 +253,7 @@ class WorkflowExecutor:
             outputs[nid] = res.output_ids
             retry.pop(nid, None)
             decisions.append(d.with_measured(res.total_s))
-            traces.append(self._trace(nid, d, res, len(tokens[nid])))
+            traces.append(self._trace(nid, d, res, len(tokens[nid]), decide_s, time.perf_counter() - t0))
             if on_node is not None:
                 on_node(traces[-1])
         final = gs.outputs[-1]
@@ -251,8 +267,8 @@ class WorkflowExecutor:
         )
 
     # ---- one node ------------------------------------------------------------------------
-    def _decide(self, ctx: list[int], tmpl: TemplateRef, load: dict[str, int]) -> Decision:
-        """One manager round trip, then the policy over every replica."""
+    def _decide(self, ctx: list[int], tmpl: TemplateRef, load: dict[str, int], pinned: str = "") -> Decision:
+        """One manager round trip, then the policy over every replica (only ``pinned``, if set)."""
         version = base_version(self.model_key, ctx[len(ctx) - tmpl.tokens :]) if tmpl.tokens else ""
         look = self.cluster.manager("begin_node", ctx, self.model_key, self.clock(), self.lease_s, None,
                                     (tmpl.op, tmpl.path, version))  # fmt: skip
@@ -261,7 +277,7 @@ class WorkflowExecutor:
         have = {m.replica: min(m.num_tokens, usable) // bt * bt for m in look.matches}
         held: dict[str, TemplateHolding] = dict(look.templates)
         requests = []
-        for r in self.cluster.replicas:
+        for r in [pinned] if pinned else self.cluster.replicas:
             local = have.get(r, 0)
             remote = tuple(RemoteCopy(o, n, self.links.link(o, r), self._address(o))
                            for o, n in have.items() if o != r and n > local and o in self.cluster.replicas)  # fmt: skip
@@ -310,7 +326,8 @@ class WorkflowExecutor:
             events.append(TemplateEvent(res.replica, res.templates))
         self.cluster.manager("apply", events, self.clock())
 
-    def _trace(self, nid: str, d: Decision, res: NodeResult, context: int) -> NodeTrace:
+    def _trace(self, nid: str, d: Decision, res: NodeResult, context: int, decide_s: float,
+               latency_s: float) -> NodeTrace:  # fmt: skip
         ran = d.option
         if (ran is Option.RECONSTRUCT and not res.rebuilt_tokens) or (
             ran is Option.TRANSFER and not res.transferred_tokens
@@ -320,11 +337,13 @@ class WorkflowExecutor:
         return NodeTrace(nid, res.replica, ran.value, d.source if ran is Option.TRANSFER else "", d.chosen_predicted_s,
                          res.total_s, res.ttft_s, res.bytes_moved, res.prefill_tokens,
                          res.reused_tokens + res.transferred_tokens, context, res.text, note, res.rebuilt_tokens,
-                         d.option.value if ran is not d.option else "")  # fmt: skip
+                         d.option.value if ran is not d.option else "", decide_s, latency_s,
+                         res.phases)  # fmt: skip
 
-    def _materialize_root(self, root: str, task_ids: Sequence[int]) -> NodeTrace:
+    def _materialize_root(self, root: str, task_ids: Sequence[int], pinned: str = "") -> NodeTrace:
+        """Prefill the task context once, on ``pinned`` if set (else the first live replica)."""
         c = self.cluster
-        for replica in list(c.replicas):
+        for replica in sorted(c.replicas, key=lambda r: r != pinned):
             try:
                 got: MaterializeResult = c.get(c.call(replica, "materialize", root, list(task_ids)))
             except Exception as exc:
@@ -381,6 +400,16 @@ class WorkflowExecutor:
             raise RuntimeError("every replica failed; restart the deployment (`graphflow serve`)")
 
     # ---- helpers -------------------------------------------------------------------------
+    def _check_pin(self, gs: ExecGraph, pin: Mapping[str, str]) -> None:
+        nodes = {n.id for n in gs.nodes} | {ROOT}
+        for nid, replica in pin.items():
+            if nid not in nodes:
+                known = ", ".join(sorted(nodes))
+                raise ValueError(f"cannot pin {nid!r}: the workflow has no such node (it has {known})")
+            if replica not in self.cluster.replicas:
+                raise ValueError(f"cannot pin {nid!r} to {replica!r}: the deployment's replicas are "
+                                 f"{', '.join(self.cluster.replicas)}")  # fmt: skip
+
     def _refresh_info(self) -> None:
         """Transport addresses and nodes as the manager has them (one call per run)."""
         self._info = {i.name: i for i in self.cluster.manager("list_replicas")}

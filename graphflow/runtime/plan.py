@@ -88,6 +88,7 @@ class NodeResult:
     rebuilt_tokens: int = 0  # template tokens not prefilled in order (base + residual; counts a recomputed head)
     templates: tuple[TemplateHolding, ...] = field(default=(), compare=False)  # what the replica can rebuild now
     note: str = ""  # where the replica could not do what the plan said, what it did instead
+    phases: tuple[tuple[str, float], ...] = field(default=(), compare=False)  # (phase, seconds), in order
 
 
 @dataclass(frozen=True, slots=True)

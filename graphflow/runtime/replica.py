@@ -19,6 +19,7 @@ ready node needs; ``eviction="oldest"`` keeps the old oldest-first order (an abl
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.templates import TemplateKV, kv_mode
 from scheduler.policy import Option
 from transport.base import TransferSpec, Transport, TransportConfig
+from transport.memory import host_arena
 
 __all__ = ["EVICTION_POLICIES", "ReplicaConfig", "ReplicaWorker"]
 
@@ -71,11 +73,16 @@ class ReplicaConfig:
     hot_min_count: int = 2  # differential: executions that make a path hot (others are pruned)
     eviction: str = "score"  # score | oldest
     node: str = ""  # the cluster node it runs on ("" = this host)
+    threads: int = 0  # torch threads of the engine (0: every core of the host, as a plain process gets)
+    prefault_bytes: int = 0  # KV memory faulted in at start, a block pool as vLLM allocates (0: on demand)
 
     def __post_init__(self) -> None:
         check_policy(self.eviction)
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        if self.threads < 0 or self.prefault_bytes < 0:
+            raise ValueError(f"threads and prefault_bytes must be non-negative, got {self.threads}, "
+                             f"{self.prefault_bytes}")  # fmt: skip
 
 
 class ReplicaWorker:
@@ -84,6 +91,8 @@ class ReplicaWorker:
 
         self.config = config
         self.clock = clock
+        # NOTE: Ray starts actors with OMP_NUM_THREADS=1; the engine gets the threads asked for
+        torch.set_num_threads(config.threads or os.cpu_count() or 1)
         self.engine = Engine.load(config.model, device=config.device)
         self.store = BlockStore(
             self.engine.identity,
@@ -97,6 +106,7 @@ class ReplicaWorker:
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
         self.templates = _templates(self.engine, config)
+        self.prefaulted_bytes = host_arena().reserve(min(config.prefault_bytes, config.capacity_bytes))
 
     # ---- identity ------------------------------------------------------------------------
     def address(self) -> str:
@@ -131,10 +141,11 @@ class ReplicaWorker:
         moved, notes = 0, []
         received: list[KVBlock] = []
         lo, hi = plan.receive
+        marks = [("lookup", time.perf_counter())]
         if hi > lo:
             local = local[: lo // self.config.block_tokens]
-            moved, received, more = self._receive(plan, ids[:hi], local)
-            evicted += more
+            moved, received = self._receive(plan, ids[:hi])
+            marks.append(("receive", time.perf_counter()))
             if len(local) * self.config.block_tokens < lo:
                 notes.append(f"own prefix shrank to {len(local) * self.config.block_tokens} tokens; prefilled more")
                 received = []
@@ -143,15 +154,22 @@ class ReplicaWorker:
         # NOTE: _local_prefix verified every local block, the transport every received one
         cache = (blocks_to_cache(prefix, self.engine.identity, self.engine.config, self.engine.device,
                                  verify_bytes=False) if prefix else None)  # fmt: skip
+        marks.append(("rebuild", time.perf_counter()))
         pre, rebuilt, why = self._prefill(plan, ids, cached, cache)
         notes += [why] if why else []
         first = int(torch.argmax(pre.logits))
         ttft = time.perf_counter() - start
+        marks.append(("prefill", start + ttft))
+        if received and len(local) * self.config.block_tokens == lo:  # after the first token: off its path
+            evicted += self._keep_received(plan, ids[:hi], local + received)
+            marks.append(("keep_received", time.perf_counter()))
         out = self.engine.decode_greedy(pre.cache, first, plan.decode_steps - 1) if plan.decode_steps > 1 else None
         output = [first, *(out.token_ids if out else ())]
+        marks.append(("decode", time.perf_counter()))
         # a rebuilt template is approximate: never offer it to later nodes as an exact prefix
         admit, more = self._keep(plan, ids + output[:-1], pre.cache) if plan.keep and not rebuilt else (None, [])
         evicted += more
+        marks.append(("keep", time.perf_counter()))
         transferred = len(received) * self.config.block_tokens
         return NodeResult(
             state_id=plan.state_id,
@@ -169,6 +187,7 @@ class ReplicaWorker:
             rebuilt_tokens=rebuilt,
             templates=self.templates.holdings() if self.templates else (),
             note="; ".join(notes),
+            phases=tuple((name, t - prev) for (_, prev), (name, t) in zip([("", start), *marks], marks, strict=False)),
         )
 
     def _prefill(self, plan: NodePlan, ids: list[int], cached: int, cache: Any) -> tuple[Any, int, str]:
@@ -329,19 +348,21 @@ class ReplicaWorker:
         return [self._evict(sid) for sid in self._holders(key)]
 
     # ---- transfers -----------------------------------------------------------------------
-    def _receive(self, plan: NodePlan, ids: list[int],
-                 own: list[KVBlock]) -> tuple[int, list[KVBlock], list[EvictEvent]]:  # fmt: skip
+    def _receive(self, plan: NodePlan, ids: list[int]) -> tuple[int, list[KVBlock]]:
         """Receive the blocks of ``ids[lo:]`` (full blocks only; ``lo`` from the plan) from the
-        plan's source. With ``own`` (this store's verified blocks of ``ids[:lo]``) they are kept
-        as a state of their own when they fit (and used for this node either way)."""
+        plan's source; returns the bytes received and the blocks."""
         bt, lo = self.config.block_tokens, plan.receive[0]
         n = len(ids) // bt * bt
         spec = spec_for_prompt(self.engine.identity, ids[:n], bt, plan.source_address, plan.transfer_id, lo)
         received, stats = receive_blocks(self.transport, spec)
-        evicted: list[EvictEvent] = []
-        if received and len(own) * bt == lo:
-            _, evicted = self._store_state(own + received, Lineage("transfer"), f"{plan.state_id}:transfer", ids[:n])
-        return stats.nbytes, received, evicted
+        return stats.nbytes, received
+
+    def _keep_received(self, plan: NodePlan, ids: list[int], blocks: list[KVBlock]) -> list[EvictEvent]:
+        """Keep the own prefix + received blocks as a state of their own when they fit (they
+        were used for the node either way); returns the evictions that made room."""
+        n = len(blocks) * self.config.block_tokens
+        _, evicted = self._store_state(blocks, Lineage("transfer"), f"{plan.state_id}:transfer", ids[:n])
+        return evicted
 
     FAULTS = ("drop-send", "corrupt-send", "corrupt-store")
 
@@ -431,5 +452,6 @@ class ReplicaWorker:
                 "capacity_bytes": s.capacity_bytes, "blocks": s.num_blocks, "states": s.num_states,
                 "peak_bytes": s.peak_used_bytes, "transport": self.config.transport,
                 "node": self.config.node or "localhost", "device": self.config.device,
-                "eviction": self.config.eviction,
+                "eviction": self.config.eviction, "threads": torch.get_num_threads(),
+                "prefaulted_bytes": self.prefaulted_bytes,
                 **(self.templates.stats_dict() if self.templates else {"kv_mode": "exact"})}  # fmt: skip

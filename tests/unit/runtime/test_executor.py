@@ -87,3 +87,24 @@ def test_calibrate_cluster_measures_a_link_that_grows_with_size(cluster):
     assert cal.model_key == cluster.workers["replica-1"].model_key()
     samples = measure_link(cluster, "replica-0", "replica-1", sizes=(1 << 16, 1 << 22), repeats=2)
     assert [n for n, _ in samples] == [1 << 16, 1 << 22] and all(t > 0 for _, t in samples)
+
+
+def test_pinned_nodes_run_where_pinned_and_the_scheduler_still_moves_their_kv(cluster):
+    ex = _executor(cluster, link_bw=1e12, prefill_b=1e-2)  # transfer beats recompute on the pinned replica
+    gs = compile_workflow(references(load_corpus())["GSM8K"])
+    first = gs.nodes[0].id
+    ids = cluster.workers["replica-0"].encode(TASK + "(pinned)")
+    on = ex.run(gs, ids, "t5", pin={"ROOT": "replica-0", first: "replica-1"})
+    root, node = on.trace[0], next(t for t in on.nodes if t.node == first)
+    assert root.replica == "replica-0" and node.replica == "replica-1"
+    assert node.decision == "transfer" and node.source == "replica-0" and node.bytes_moved > 0
+    # executor-side timings: deciding is part of the latency, the first token comes before the result
+    assert 0 < node.decide_s < node.latency_s and 0 < node.first_token_s <= node.latency_s
+    # the replica says where its time went, in order, and the phases add up to its own total
+    names = [p for p, _ in node.phases]
+    assert names[:4] == ["lookup", "receive", "rebuild", "prefill"] and names[-1] == "keep"
+    assert sum(s for _, s in node.phases) == pytest.approx(node.measured_s, abs=5e-3)
+    with pytest.raises(ValueError, match="no such node"):
+        ex.run(gs, ids, "t6", pin={"nope": "replica-0"})
+    with pytest.raises(ValueError, match="the deployment's replicas are"):
+        ex.run(gs, ids, "t6", pin={first: "replica-9"})
