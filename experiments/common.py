@@ -34,10 +34,13 @@ def git_state(root: Path) -> dict[str, Any]:
             "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if status else ""}  # fmt: skip
 
 
+_ROOT = Path(__file__).resolve().parents[1]
+STARTED_AT = git_state(_ROOT)  # NOTE: taken when a study starts (imports this), not when it writes
+
+
 def write_meta(folder: Path, **extra: Any) -> None:
-    """``meta.json``: git commit (and whether the tree was clean), package versions, machine,
-    plus study settings."""
-    root = Path(__file__).resolve().parents[1]
+    """``meta.json``: the git commit the study started from (and whether the tree was clean
+    then), package versions, machine, plus study settings."""
     versions = {}
     for p in _PACKAGES:
         try:
@@ -45,7 +48,7 @@ def write_meta(folder: Path, **extra: Any) -> None:
         except metadata.PackageNotFoundError:
             versions[p] = None
     meta = {
-        **git_state(root),
+        **STARTED_AT,
         "packages": versions,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         **extra,
