@@ -419,10 +419,11 @@ def sweep_transfer_vs_recompute(
 
 
 def _register_extensions() -> None:
-    from graphflow import cli_serve, cli_workflow
+    from graphflow import cli_cluster, cli_serve, cli_workflow
 
     cli_workflow.register(app, _emit, _say(False), out, _user_errors)
     cli_serve.register(app, _emit, _say(False), out, _user_errors)
+    cli_cluster.register(app, _emit, _say(False), out, _user_errors)
 
 
 _register_extensions()

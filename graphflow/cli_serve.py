@@ -104,6 +104,9 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         prefault_mib: int = typer.Option(
             -1, help="KV memory each replica faults in at start, a block pool (-1 = the whole capacity; 0 = on demand)."
         ),
+        spread: bool = typer.Option(
+            False, "--spread", help="Place replicas round-robin over the cluster's nodes (the manager on the head)."
+        ),
         replace: bool = typer.Option(
             False, "--replace", help="Shut down a running deployment of other settings instead of refusing."
         ),
@@ -145,7 +148,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         cluster = RayCluster.start(
             ray, model, replicas, capacity_mib << 20, detached=True, snapshot_dir=snapshots, kv_mode=kv_mode,
             transport=transport, device=device, gpus_per_replica=gpus_per_replica, replace_existing=replace,
-            recompute_head=recompute_head, threads=threads, prefault_bytes=prefault,
+            recompute_head=recompute_head, threads=threads, prefault_bytes=prefault, spread=spread,
         )  # fmt: skip
         say("measuring prefill and replica-to-replica transfer costs for the scheduler")
         calibration = calibrate_cluster(cluster)
@@ -154,6 +157,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             "address": head,
             "client_address": head.replace(":6379", ":10001") if "ray://" not in head else head,
             "replicas": cluster.replicas,
+            "placement": [{"replica": s["replica"], "node": s["node"], "host": s["host"]} for s in cluster.stats()],
             "model": model,
             "kv_mode": kv_mode,
             "snapshot_dir": snapshots,
@@ -216,15 +220,17 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         from graphflow.runtime.actors import RayCluster
         from graphflow.runtime.cluster import connect
 
-        stats = RayCluster.attach(connect(address)).stats()
+        cluster = RayCluster.attach(connect(address))
+        stats = cluster.stats()
+        nodes = cluster.nodes()
         if json_out:
-            emit({"replicas": stats})
+            emit({"replicas": stats, "lost": cluster.lost, "nodes": nodes})
             return
         table = Table(
             "replica",
             "model",
             "transport",
-            "node",
+            "host",
             "device",
             "blocks",
             "states",
@@ -240,7 +246,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
                 s["replica"],
                 s["model"],
                 s.get("transport", ""),
-                str(s.get("node", ""))[:12],
+                s.get("host", ""),
                 s.get("device", ""),
                 str(s["blocks"]),
                 str(s["states"]),
@@ -251,6 +257,9 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
                 f"{s.get('hit_rate', 0.0):.0%}",
             )
         out.print(table)
+        gone = [n["host"] or n["node"][:12] for n in nodes if not n["alive"]]
+        if cluster.lost or gone:
+            out.print(f"lost replicas: {', '.join(cluster.lost) or 'none'}; dead nodes: {', '.join(gone) or 'none'}")
 
     @app.command("shutdown")
     @user_errors

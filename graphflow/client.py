@@ -41,11 +41,13 @@ class Calibration(NamedTuple):
 
 LINK_PROBE_BYTES = (1 << 20, 4 << 20, 16 << 20)
 LINK_PROBE_REPEATS = 3
+LINK_PROBE_BUDGET_S = 0.25  # a probe this slow is bandwidth-bound: larger sizes add time, not information
 
 
 def measure_link(cluster: Any, src: str, dst: str, sizes: tuple[int, ...] = LINK_PROBE_BYTES,
                  repeats: int = LINK_PROBE_REPEATS) -> list[tuple[int, float]]:  # fmt: skip
-    """Probe transfers ``src`` → ``dst``: one warm-up, then the fastest of ``repeats`` per size.
+    """Probe transfers ``src`` → ``dst``: one warm-up, then the fastest of ``repeats`` per size
+    (sizes after the second stop once a probe takes over ``LINK_PROBE_BUDGET_S``).
 
     The receiver's clock starts when its call begins, so a late sender call only adds delay;
     the minimum over repeats is therefore the estimate least disturbed by a busy machine.
@@ -60,7 +62,12 @@ def measure_link(cluster: Any, src: str, dst: str, sizes: tuple[int, ...] = LINK
         return float(cluster.get(recv))
 
     once(sizes[0])  # connection setup and first-touch allocations
-    return [(n, min(once(n) for _ in range(repeats))) for n in sizes]
+    samples: list[tuple[int, float]] = []
+    for n in sizes:
+        samples.append((n, min(once(n) for _ in range(repeats))))
+        if len(samples) >= 2 and samples[-1][1] > LINK_PROBE_BUDGET_S:
+            break  # NOTE: a slow link: two sizes well past its latency already give α and β
+    return samples
 
 
 def calibrate_cluster(cluster: Any) -> Calibration:

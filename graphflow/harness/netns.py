@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["ShapedLink", "shaped_link"]
+__all__ = ["ShapedLink", "run_checked", "shaped_link"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,8 @@ class ShapedLink:
         return {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": self.devices[role]}
 
 
-def _run(*cmd: str) -> None:
+def run_checked(*cmd: str) -> None:
+    """Run an iproute2 command; a failure raises one sentence with its stderr."""
     proc = subprocess.run(list(cmd), capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(
@@ -58,15 +59,15 @@ def shaped_link(rate_mbit: float) -> Iterator[ShapedLink]:
     for ns in link.namespaces:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     try:
-        _run("ip", "netns", "add", na)
-        _run("ip", "netns", "add", nb)
-        _run("ip", "link", "add", da, "netns", na, "type", "veth", "peer", "name", db, "netns", nb)
+        run_checked("ip", "netns", "add", na)
+        run_checked("ip", "netns", "add", nb)
+        run_checked("ip", "link", "add", da, "netns", na, "type", "veth", "peer", "name", db, "netns", nb)
         for ns, dev, addr in ((na, da, aa), (nb, db, ab)):
-            _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _run("ip", "-n", ns, "link", "set", dev, "up")
-            _run("ip", "-n", ns, "link", "set", "lo", "up")
+            run_checked("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            run_checked("ip", "-n", ns, "link", "set", dev, "up")
+            run_checked("ip", "-n", ns, "link", "set", "lo", "up")
             burst = max(32 * 1024, int(rate_mbit * 1e6 / 8 / 250))  # ≥ 4 ms worth of bytes
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+            run_checked("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
                  "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "50ms")  # fmt: skip
         yield link
     finally:

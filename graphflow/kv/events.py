@@ -39,6 +39,7 @@ class ReplicaInfo:
     budget_bytes: int = 1 << 30
     address: str = ""  # transport address peers use to reach it
     transport: str = ""  # the backend that address belongs to (ucx, ray, local)
+    host: str = ""  # the node's IP address ("" = this host)
 
 
 @dataclass(frozen=True, slots=True)

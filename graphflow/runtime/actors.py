@@ -23,7 +23,7 @@ from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 from graphflow.runtime.templates import kv_mode as kv_mode_of
 
 __all__ = ["BOARD_NAME", "MANAGER_NAME", "TRANSPORTS", "Board", "CallWorker", "Deployment", "RayCluster",
-           "ReplicaActor", "call_worker", "replica_name"]  # fmt: skip
+           "ReplicaActor", "call_worker", "on_node", "replica_name", "spread_nodes"]  # fmt: skip
 
 MANAGER_NAME = "graphflow-manager"
 BOARD_NAME = "graphflow-board"
@@ -54,6 +54,7 @@ class Deployment:
     recompute_head: int = 12  # differential: template tokens recomputed after the prefix, not rebuilt
     threads: int = 0  # torch threads per replica (0: every core of its host)
     prefault_bytes: int = 0  # KV memory each replica faults in at start (0: on demand)
+    spread: bool = False  # replicas round-robin over the cluster's nodes, the manager on the head
 
     def __post_init__(self) -> None:
         if self.recompute_head < 0:
@@ -73,8 +74,11 @@ class Deployment:
 
     def describe(self) -> str:
         threads = f"{self.threads} threads" if self.threads else "all cores"
-        return (f"{self.replicas} × {self.model} ({self.kv_mode} KV, {self.capacity_bytes >> 20} MiB each, "
-                f"{self.prefault_bytes >> 20} MiB prefaulted, {self.transport}, {self.device}, {threads})")  # fmt: skip
+        spread = ", spread over nodes" if self.spread else ""
+        return (
+            f"{self.replicas} × {self.model} ({self.kv_mode} KV, {self.capacity_bytes >> 20} MiB each, "
+            f"{self.prefault_bytes >> 20} MiB prefaulted, {self.transport}, {self.device}, {threads}{spread})"
+        )
 
 
 class ReplicaActor(ReplicaWorker):
@@ -83,7 +87,41 @@ class ReplicaActor(ReplicaWorker):
     def __init__(self, config: ReplicaConfig) -> None:
         import ray
 
-        super().__init__(replace(config, node=config.node or ray.get_runtime_context().get_node_id()))
+        node = config.node or ray.get_runtime_context().get_node_id()
+        super().__init__(replace(config, node=node, host=config.host or ray.util.get_node_ip_address()))
+
+
+def _live_replicas(ray: Any, manager: Any) -> tuple[dict[str, Any], list[str]]:
+    """The manager's replicas whose actors still exist (handles), and those that are gone
+    (their node died): the manager forgets the blocks of those."""
+    handles, lost = {}, []
+    for info in ray.get(manager.list_replicas.remote()):
+        try:
+            handles[info.name] = ray.get_actor(info.name, namespace=NAMESPACE)
+        except ValueError:
+            ray.get(manager.drop_replica.remote(info.name))
+            lost.append(info.name)
+    return handles, lost
+
+
+def spread_nodes(ray: Any) -> list[str]:
+    """Alive Ray node ids, the head first, then by address (the order ``spread`` fills)."""
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if not alive:
+        raise RuntimeError("the Ray cluster reports no alive node")
+
+    def key(n: dict[str, Any]) -> tuple[bool, tuple[int, ...], str]:
+        ip = tuple(int(x) for x in str(n.get("NodeManagerAddress", "0")).split(".") if x.isdigit())
+        return ("node:__internal_head__" not in n.get("Resources", {}), ip, n["NodeID"])
+
+    return [n["NodeID"] for n in sorted(alive, key=key)]
+
+
+def on_node(node_id: str) -> Any:
+    """A scheduling strategy that pins an actor to ``node_id`` (it fails if the node is gone)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
 
 
 def replica_name(i: int) -> str:
@@ -125,13 +163,14 @@ class RayCluster:
         self.handles = handles
         self._manager = manager
         self._board = board
+        self.lost: list[str] = []  # replicas found dead (their blocks forgotten)
 
     @classmethod
     def start(cls, ray: Any, model: str, n: int, capacity_bytes: int = 1 << 30, detached: bool = False,
               snapshot_dir: str = "", timeout_s: float = 120.0, kv_mode: str = "exact", transport: str = "ucx",
               device: str = "cpu", gpus_per_replica: float = 0.0, replace_existing: bool = False,
               eviction: str = "score", recompute_head: int = 12, threads: int = 0,
-              prefault_bytes: int = 0) -> RayCluster:  # fmt: skip
+              prefault_bytes: int = 0, spread: bool = False) -> RayCluster:  # fmt: skip
         """Create the manager and ``n`` replica actors, unless this deployment already runs.
 
         A running deployment of the same model, replicas, mode, capacity, transport and device
@@ -141,9 +180,11 @@ class RayCluster:
         replicas report holding. ``transport``: how replicas move KV (``ucx``; ``ray`` where
         UCX cannot connect). ``device``: ``cpu`` or ``cuda`` (``gpus_per_replica`` GPUs each).
         ``threads``: torch threads per replica (0: every core). ``prefault_bytes``: KV memory each
-        replica faults in when it starts, so receives land in touched pages (0: on demand)."""
+        replica faults in when it starts, so receives land in touched pages (0: on demand).
+        ``spread``: replica ``i`` on the ``i mod N``-th alive node (the head first, then by
+        address), the manager and board on the head; otherwise Ray places them."""
         want = Deployment(model, n, kv_mode, capacity_bytes, transport, device, gpus_per_replica, recompute_head,
-                          threads, prefault_bytes)  # fmt: skip
+                          threads, prefault_bytes, spread)  # fmt: skip
         running = cls._running(ray)
         if running is not None and running != want:
             if not replace_existing:
@@ -152,19 +193,23 @@ class RayCluster:
             cls.attach(ray).shutdown()
             time.sleep(1.0)  # NOTE: let Ray release the actors' names before they are created again
         life = {"lifetime": "detached"} if detached else {}
+        nodes = spread_nodes(ray) if spread else []
+        head = {"scheduling_strategy": on_node(nodes[0])} if nodes else {}
         manager = ray.remote(KVStateManager).options(name=MANAGER_NAME, namespace=NAMESPACE, get_if_exists=True,
-                                                     num_cpus=0, **life).remote(16, time.time())  # fmt: skip
+                                                     num_cpus=0, **life, **head).remote(16, time.time())  # fmt: skip
         board = ray.remote(Board).options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0,
-                                          **life).remote()  # fmt: skip
+                                          **life, **head).remote()  # fmt: skip
+        _live_replicas(ray, manager)  # a replica that died is started afresh below, with an empty store
         names = [replica_name(i) for i in range(n)]
         handles = {}
-        for name in names:
+        for i, name in enumerate(names):
+            place = {"scheduling_strategy": on_node(nodes[i % len(nodes)])} if nodes else {}
             cfg = ReplicaConfig(name, model, capacity_bytes, transport=transport, timeout_s=timeout_s, kv_mode=kv_mode,
                                 device=device, eviction=eviction, recompute_head=recompute_head, threads=threads,
                                 prefault_bytes=prefault_bytes)  # fmt: skip
             actor = ray.remote(ReplicaActor).options(
                 name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, num_gpus=gpus_per_replica,
-                max_concurrency=4, runtime_env={"env_vars": REPLICA_ENV}, **life,
+                max_concurrency=4, runtime_env={"env_vars": REPLICA_ENV}, **life, **place,
             )  # fmt: skip
             handles[name] = actor.remote(cfg)
         infos = ray.get([handles[n_].info.remote() for n_ in names])
@@ -195,12 +240,12 @@ class RayCluster:
             manager = ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
         except ValueError:
             raise ValueError("no GraphFlow deployment on this Ray cluster; start one with `graphflow serve`") from None
-        infos = ray.get(manager.list_replicas.remote())
-        names = [i.name for i in infos]
-        handles = {n: ray.get_actor(n, namespace=NAMESPACE) for n in names}
+        handles, lost = _live_replicas(ray, manager)
         board = ray.remote(Board).options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0,
                                           lifetime="detached").remote()  # fmt: skip
-        return cls(ray, names, handles, manager, board)
+        cluster = cls(ray, list(handles), handles, manager, board)
+        cluster.lost = lost
+        return cluster
 
     def call(self, replica: str, method: str, *args: Any) -> Any:
         return getattr(self.handles[replica], method).remote(*args)
@@ -276,9 +321,25 @@ class RayCluster:
 
     def stats(self) -> list[dict[str, Any]]:
         """Replica memory, blocks, transport and node, with the manager's prefix-hit counts."""
+        from ray.exceptions import RayActorError
+
+        stats = []
+        for r in list(self.replicas):
+            try:
+                stats.append(self.ray.get(self.handles[r].stats.remote()))
+            except RayActorError:  # died (with its node, maybe): stop using it
+                self.drop_replica(r)
+                self.lost.append(r)
         hits = self.manager("hit_stats")
-        stats = self.ray.get([self.handles[r].stats.remote() for r in self.replicas])
         return [{**s, **hits.get(s["replica"], {})} for s in stats]
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The Ray cluster's nodes: id, address, alive, and which replicas it runs."""
+        on: dict[str, list[str]] = {}
+        for info in self.manager("list_replicas"):
+            on.setdefault(info.node, []).append(info.name)
+        return [{"node": n["NodeID"], "host": n.get("NodeManagerAddress", ""), "alive": bool(n.get("Alive")),
+                 "replicas": on.get(n["NodeID"], [])} for n in self.ray.nodes()]  # fmt: skip
 
     def deployment(self) -> Deployment | None:
         found = self.shared(DEPLOYMENT_KEY)

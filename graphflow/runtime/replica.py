@@ -73,6 +73,7 @@ class ReplicaConfig:
     hot_min_count: int = 2  # differential: executions that make a path hot (others are pruned)
     eviction: str = "score"  # score | oldest
     node: str = ""  # the cluster node it runs on ("" = this host)
+    host: str = ""  # that node's IP address ("" = this host)
     threads: int = 0  # torch threads of the engine (0: every core of the host, as a plain process gets)
     prefault_bytes: int = 0  # KV memory faulted in at start, a block pool as vLLM allocates (0: on demand)
 
@@ -433,7 +434,7 @@ class ReplicaWorker:
         """How the manager registers this replica."""
         return ReplicaInfo(self.config.name, node=self.config.node or "localhost", device=self.config.device,
                            budget_bytes=self.config.capacity_bytes, address=self.address(),
-                           transport=self.config.transport)  # fmt: skip
+                           transport=self.config.transport, host=self.config.host)  # fmt: skip
 
     def holdings(self) -> list[AdmitEvent]:
         """Every state this replica holds, oldest first, as admits: a restarted manager
@@ -451,7 +452,8 @@ class ReplicaWorker:
         return {"replica": self.config.name, "model": self.config.model, "used_bytes": s.used_bytes,
                 "capacity_bytes": s.capacity_bytes, "blocks": s.num_blocks, "states": s.num_states,
                 "peak_bytes": s.peak_used_bytes, "transport": self.config.transport,
-                "node": self.config.node or "localhost", "device": self.config.device,
+                "node": self.config.node or "localhost", "host": self.config.host or "localhost",
+                "device": self.config.device,
                 "eviction": self.config.eviction, "threads": torch.get_num_threads(),
                 "prefaulted_bytes": self.prefaulted_bytes,
                 **(self.templates.stats_dict() if self.templates else {"kv_mode": "exact"})}  # fmt: skip

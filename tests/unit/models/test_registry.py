@@ -6,7 +6,7 @@ from graphflow.models import MODELS, ModelSpec, known_models, resolve
 
 
 def test_registry_names():
-    assert known_models() == ["qwen2-0.5b-shape", "smollm2-135m", "tiny-llama", "tiny-qwen2"]
+    assert known_models() == ["qwen2-0.5b-shape", "smollm2-135m", "smollm2-shape", "tiny-llama", "tiny-qwen2"]
     assert resolve("tiny-llama") is MODELS["tiny-llama"]
 
 

@@ -1,0 +1,137 @@
+"""A real multi-node Ray cluster of network namespaces: cluster up → serve --spread → a workflow
+submitted through ray:// from the root namespace → shutdown → cluster down (nothing left)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.netns]
+
+ENV = {**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"}
+
+RUN_FAN_OUT = """
+import json, sys
+from graphflow.cli_serve import fan_out_workflow
+from graphflow.client import connect
+client = connect(sys.argv[1])
+task = "A warehouse ships 48 boxes a day and each box holds 12 items. " * 40
+on = client.run(task, workflow=fan_out_workflow(4))
+off = client.run(task, workflow=fan_out_workflow(4), reuse=False)
+hosts = {s["replica"]: s["host"] for s in client.status()}
+print(json.dumps({"identical": on.outputs == off.outputs, "hosts": hosts,
+                  "trace": [[t.node, t.replica, t.decision, t.source, t.bytes_moved] for t in on.nodes]}))
+"""
+
+RUN_NODE_FAILURE = """
+import json, sys
+from graphflow.cli_serve import fan_out_workflow
+from graphflow.client import connect, new_run_id
+from graphflow.harness.cluster import stop_node
+from graphflow.workflow.compile import compile_workflow
+client = connect(sys.argv[1])
+c = client.cluster
+task = "A school orders 36 crates of 24 pencils and hands out 5 per pupil. " * 40
+ids = c.get(c.call(c.replicas[0], "encode", task))
+gs = compile_workflow(fan_out_workflow(4))
+killed = []
+def kill_node_2(trace):
+    if not killed:  # after the first node finishes, while the other branches run
+        killed.append(stop_node(2))
+pin = {"b1": "graphflow-replica-2", "b3": "graphflow-replica-2", "join": "graphflow-replica-2"}
+on = client.executor.run(gs, ids, new_run_id(), on_node=kill_node_2, pin=pin)
+off = client.executor.run(gs, ids, new_run_id(), reuse=False)
+print(json.dumps({"identical": on.outputs == off.outputs, "killed": killed[0], "replicas": c.replicas,
+                  "trace": [[t.node, t.replica, t.decision, t.note] for t in on.nodes]}))
+"""
+
+
+def _namespaces_allowed() -> bool:
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        return False
+    ok = subprocess.run(["ip", "netns", "add", "gfc-probe"], capture_output=True).returncode == 0
+    subprocess.run(["ip", "netns", "del", "gfc-probe"], capture_output=True)
+    return ok
+
+
+def _cli(*args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "graphflow.cli", *args], capture_output=True, text=True,
+                          env=ENV, timeout=timeout)  # fmt: skip
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _last_json(proc: subprocess.CompletedProcess[str]) -> dict:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _leftovers() -> dict[str, object]:
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return {"namespaces": [ln for ln in netns.splitlines() if ln.startswith("gfc-node-")],
+            "links": [ln for ln in links.splitlines() if "gfc" in ln]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not _namespaces_allowed():
+        pytest.skip("network namespaces cannot be created here (needs root and iproute2)")
+    up = _last_json(_cli("cluster", "up", "--nodes", "3", "--link", "1gbit", "--json"))
+    try:
+        yield up
+    finally:
+        down = _last_json(_cli("cluster", "down", "--json"))
+        assert down["namespaces"] == 3 and down["processes"] > 0
+        assert _leftovers() == {"namespaces": [], "links": []}
+        assert _last_json(_cli("cluster", "down", "--json"))["namespaces"] == 0  # idempotent
+
+
+@pytest.fixture(scope="module")
+def served(cluster):
+    """One deployment for the module: three replicas spread over the three nodes."""
+    address = cluster["client_address"]
+    assert address == "ray://10.233.0.1:10001" and len(cluster["nodes"]) == 3
+    return _last_json(_cli("serve", "--address", address, "--replicas", "3", "--spread", "--capacity-mib", "256",
+                           "--detach", "--json"))  # fmt: skip
+
+
+def test_spread_replicas_move_kv_across_nodes_and_outputs_match(cluster, served):
+    address = cluster["client_address"]
+    hosts = {p["replica"]: p["host"] for p in served["placement"]}
+    assert sorted(hosts.values()) == ["10.233.0.1", "10.233.0.2", "10.233.0.3"]  # one replica per node
+    assert len(served["links"]) == 6  # every ordered pair measured over its own link
+    run = subprocess.run([sys.executable, "-c", RUN_FAN_OUT, address], capture_output=True, text=True, env=ENV,
+                         timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["identical"]
+    crossed = [t for t in got["trace"] if t[2] == "transfer" and got["hosts"][t[1]] != got["hosts"][t[3]]]
+    assert crossed and all(t[4] > 0 for t in crossed), got["trace"]
+    status = _last_json(_cli("status", "--address", address, "--json"))
+    assert {r["host"] for r in status["replicas"]} == set(hosts.values())
+
+
+def test_a_node_that_dies_mid_workflow_is_survived_and_one_that_returns_is_used_again(cluster, served):
+    address = cluster["client_address"]
+    run = subprocess.run([sys.executable, "-c", RUN_NODE_FAILURE, address], capture_output=True, text=True, env=ENV,
+                         timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["identical"] and got["killed"] > 0
+    assert "graphflow-replica-2" not in got["replicas"]  # the executor stopped using it
+    assert all(t[1] != "graphflow-replica-2" for t in got["trace"] if t[0] == "join")
+    assert any("graphflow-replica-2 lost" in t[3] for t in got["trace"]), got["trace"]  # the trace says why
+    status = _last_json(_cli("status", "--address", address, "--json"))
+    assert [r["replica"] for r in status["replicas"]] == ["graphflow-replica-0", "graphflow-replica-1"]
+    assert any(not n["alive"] and n["host"] == "10.233.0.3" for n in status["nodes"])
+    _cli("cluster", "start-node", "2")
+    again = _last_json(_cli("serve", "--address", address, "--replicas", "3", "--spread", "--capacity-mib", "256",
+                            "--detach", "--json"))  # fmt: skip
+    assert sorted(p["host"] for p in again["placement"]) == ["10.233.0.1", "10.233.0.2", "10.233.0.3"]
+    _cli("shutdown", "--address", address, "--no-stop-head", "--json")
