@@ -11,9 +11,12 @@ import sys
 
 import pytest
 
+from tests.integration.helpers.cli import ENV
+from tests.integration.helpers.cli import cli as _cli
+from tests.integration.helpers.cli import last_json as _last_json
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.netns]
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"}
 
 RUN_FAN_OUT = """
 import json, sys
@@ -57,18 +60,6 @@ def _namespaces_allowed() -> bool:
     ok = subprocess.run(["ip", "netns", "add", "gfc-probe"], capture_output=True).returncode == 0
     subprocess.run(["ip", "netns", "del", "gfc-probe"], capture_output=True)
     return ok
-
-
-def _cli(*args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "graphflow.cli", *args], capture_output=True, text=True,
-                          env=ENV, timeout=timeout)  # fmt: skip
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
-def _last_json(proc: subprocess.CompletedProcess[str]) -> dict:
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _leftovers() -> dict[str, object]:

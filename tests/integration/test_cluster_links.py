@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
-from tests.integration.test_cluster import ENV, _cli, _last_json, _leftovers, _namespaces_allowed
+from tests.integration.helpers.cli import ENV
+from tests.integration.helpers.cli import cli as _cli
+from tests.integration.helpers.cli import last_json as _last_json
+from tests.integration.test_cluster import _leftovers, _namespaces_allowed
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.netns]
 

@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.integration.helpers.cli import ENV
+from tests.integration.helpers.cli import cli as _cli
+from tests.integration.helpers.cli import last_json as _last_json
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"}
 HEAD = "127.0.0.1:6379"
-
-
-def _cli(*args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "graphflow.cli", *args], capture_output=True, text=True,
-                          env=ENV, timeout=timeout)  # fmt: skip
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
-def _last_json(proc: subprocess.CompletedProcess[str]) -> dict:
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_serve_submit_status_shutdown():
