@@ -199,17 +199,22 @@ def check_faults(
     ),
     load: int = typer.Option(32, help="Concurrent workflows in the load scenario."),
     timeout: float = typer.Option(5.0, help="Replica transfer deadline (s): how long a failed transfer may take."),
+    nodes: int = typer.Option(
+        0, help="Run on a namespace cluster of this many Ray nodes, adding node-dies (needs root; 0 = embedded)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Fault injection on a local Ray cluster: replica death, failed and corrupt transfers,
-    manager restart, memory pressure, load and bad input (see graphflow/checks/faults.py)."""
-    from graphflow.checks.faults import SCENARIOS, run_faults
+    manager restart, memory pressure, load and bad input, and with --nodes a node's death
+    (see graphflow/checks/faults.py)."""
+    from graphflow.checks.faults import NODE_SCENARIOS, SCENARIOS, run_faults
     from graphflow.models.registry import resolve
 
     resolve(model)
     if load < 1:
         raise ValueError(f"--load must be at least 1, got {load}")
-    result = run_faults(model, tuple(scenario) or SCENARIOS, load, timeout, say=_say(json_out))
+    chosen = tuple(scenario) or (SCENARIOS + NODE_SCENARIOS if nodes else SCENARIOS)
+    result = run_faults(model, chosen, load, timeout, say=_say(json_out), nodes=nodes)
     if json_out:
         _emit(result)
     else:
@@ -403,12 +408,25 @@ def sweep_transfer_vs_recompute(
     links: str = typer.Option("500,1000,2500,5000", help="Shaped tcp link rates in Mbit/s ('' for none)."),
     repeats: int = typer.Option(3, help="Timed repetitions per point (median)."),
     out_dir: Path = typer.Option(Path("sweep-out"), "--out", help="Folder for sweep.csv and sweep.png."),
+    address: str = typer.Option(
+        "", help="A deployment's Ray client address: sweep between its served replicas ('' = two processes here)."
+    ),
+    pairs: str = typer.Option("", help="With --address: SOURCE:DESTINATION replica pairs ('' = every ordered pair)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
-    """Measure recompute vs transfer+resume between two processes and grade the scheduler."""
-    from graphflow.bench.sweep_run import run_sweep
+    """Measure recompute vs transfer+resume and grade the scheduler: between two processes here
+    (loopback and shaped links), or with --address between a deployment's replicas."""
+    from graphflow.bench.sweep_run import run_deployment_sweep, run_sweep
     from graphflow.models.registry import resolve
 
+    if address:
+        result = run_deployment_sweep(address, model, _ints(contexts, "--contexts"), pairs, out_dir, repeats,
+                                      say=_say(json_out))  # fmt: skip
+        if json_out:
+            _emit(result)
+        else:
+            _kv_table(f"transfer vs recompute on the deployment at {address}", result)
+        return
     resolve(model)
     result = run_sweep(model, _ints(contexts, "--contexts"), [b for b in backends.split(",") if b],
                        [float(x) for x in links.split(",") if x], out_dir, repeats, say=_say(json_out))  # fmt: skip

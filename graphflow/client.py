@@ -39,6 +39,9 @@ class Calibration(NamedTuple):
     model_key: str
 
 
+# NOTE: off the round sizes users (and the deployment sweep) measure, so no prediction is
+# graded on a point it was fitted on
+CALIBRATION_PREFILL_TOKENS = (96, 384, 1536, 2560)
 LINK_PROBE_BYTES = (1 << 20, 4 << 20, 16 << 20)
 LINK_PROBE_REPEATS = 3
 LINK_PROBE_BUDGET_S = 0.25  # a probe this slow is bandwidth-bound: larger sizes add time, not information
@@ -74,11 +77,13 @@ def calibrate_cluster(cluster: Any) -> Calibration:
     """Measure prefill, resume and (outside exact mode) reconstruct costs on the first replica,
     and the link of every ordered replica pair."""
     r0 = cluster.replicas[0]
-    prefill = fit_prefill(cluster.get(cluster.call(r0, "prefill_seconds", [64, 256, 1024, 2048])))
+    limit = cluster.get(cluster.call(r0, "max_positions"))
+    grid = [n for n in CALIBRATION_PREFILL_TOKENS if not limit or n < limit]  # a short model: its own lengths
+    prefill = fit_prefill(cluster.get(cluster.call(r0, "prefill_seconds", grid)))
     bpt = cluster.get(cluster.call(r0, "kv_bytes_per_token"))
     model_key = cluster.get(cluster.call(r0, "model_key"))
     mode = cluster.get(cluster.call(r0, "stats"))["kv_mode"]
-    costs = cluster.get(cluster.call(r0, "cost_samples", [256, 1024, 2048]))
+    costs = cluster.get(cluster.call(r0, "cost_samples", grid[1:]))
     reconstruct = fit_linear(costs["reconstruct"]) if mode != "exact" else None
     pairs = {(a, b): measure_pair(cluster, a, b) for a in cluster.replicas for b in cluster.replicas if a != b}
     # one replica: transfers are never chosen; the default answers no pair

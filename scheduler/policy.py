@@ -205,14 +205,18 @@ def _best_remote(req: StateRequest, pol: Policy) -> tuple[RemoteCopy, float] | N
     return best
 
 
-def decide(req: StateRequest, pol: Policy) -> Decision:
+def decide(req: StateRequest, pol: Policy, force: Option | None = None) -> Decision:
     """The option with the lowest ``seconds + λ·new bytes``; ties prefer REUSE, then
-    TRANSFER, RECONSTRUCT, RECOMPUTE (cheapest in memory first)."""
+    TRANSFER, RECONSTRUCT, RECOMPUTE (cheapest in memory first). ``force`` takes that option
+    where it is possible (ablations, sweeps measuring every option), else the best; the
+    decision still predicts every option."""
     opts = _options(req, pol)
     scores = {o: s + pol.lam_s_per_byte * b for o, (s, b, _) in opts.items()}
     rank = list(Option)
     best = min(scores, key=lambda o: (scores[o], rank.index(o)))
     reason = req.reason if not req.compatible else f"{best.value}: lowest predicted cost"
+    if force is not None and force in opts and force is not best:
+        best, reason = force, f"{force.value}: forced (the policy's choice was {best.value})"
     local, source_tokens, address, residual = 0, 0, "", None
     if best is Option.REUSE:
         local = req.local_tokens
@@ -248,11 +252,13 @@ def recompute(replica: str, total_tokens: int, kv_bytes_per_token: int, pol: Pol
                     total_tokens=total_tokens, fallback=fallback)  # fmt: skip
 
 
-def place(requests: Sequence[StateRequest], queue_s: dict[str, float], pol: Policy) -> Decision:
-    """Choose the replica: each replica's best option plus the work already queued there."""
+def place(requests: Sequence[StateRequest], queue_s: dict[str, float], pol: Policy,
+          force: Option | None = None) -> Decision:  # fmt: skip
+    """Choose the replica: each replica's best option plus the work already queued there
+    (``force``: see :func:`decide`)."""
     if not requests:
         raise ValueError("no candidate replicas to place the node on")
-    decisions = [decide(r, pol) for r in requests]
+    decisions = [decide(r, pol, force) for r in requests]
     return min(decisions, key=lambda d: d.scores[d.option] + queue_s.get(d.replica, 0.0))
 
 

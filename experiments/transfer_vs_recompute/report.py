@@ -16,6 +16,8 @@ HERE = Path(__file__).parent
 def table() -> str:
     lines = []
     for csv_path in sorted((HERE / "results").glob("*/sweep.csv")):
+        if csv_path.parent.name == "deployment":  # its own section (deployment.py)
+            continue
         rows = read_csv(csv_path)
         right = sum(r["right"] == "True" for r in rows) / len(rows)
         err = statistics.median(abs(float(r["rel_error"])) for r in rows)
@@ -45,6 +47,8 @@ def modeled() -> str:
              + " | ".join(f"transfer s @ {g} Gbit/s" for g in MODELED_GBPS) + " | break-even Gbit/s |",
              "|---" * (len(MODELED_GBPS) + 5) + "|"]  # fmt: skip
     for csv_path in sorted((HERE / "results").glob("*/sweep.csv")):
+        if csv_path.parent.name == "deployment":
+            continue
         for r in read_csv(csv_path):
             if not r["link"].endswith("-loopback") or not r["link"].startswith("ucx"):
                 continue

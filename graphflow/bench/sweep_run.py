@@ -11,7 +11,7 @@ from graphflow.bench.sweep import analyse, summarize
 from graphflow.harness.launch import run_two_processes
 from graphflow.harness.netns import shaped_link
 
-__all__ = ["run_sweep"]
+__all__ = ["run_deployment_sweep", "run_sweep", "write_sweep"]
 
 
 def _job(model: str, contexts: Sequence[int], repeats: int) -> list[str]:
@@ -39,6 +39,32 @@ def run_sweep(
         with shaped_link(rate) as link:
             _, got = run_two_processes("ucx", _job(model, contexts, repeats), timeout_s=7200, link=link)
         rows += analyse(got, model, f"tcp-{rate:g}mbit")[0]
+    return write_sweep(rows, out)
+
+
+def run_deployment_sweep(address: str, model: str, contexts: Sequence[int], pairs: str, out: Path,
+                         repeats: int = 3, say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:  # fmt: skip
+    """The sweep between the served replicas of the deployment at ``address`` (see
+    ``bench.sweep_served``); ``pairs`` as ``replica-0:replica-2,…`` ('' = every ordered pair)."""
+    from graphflow.bench.sweep_served import parse_pairs, sweep_deployment
+    from graphflow.client import connect
+
+    client = connect(address, decode_steps=1)
+    served = client.status()[0]["model"]
+    if model and model != served:
+        raise ValueError(f"this deployment serves {served!r}, not {model!r}; pass --model {served} or serve {model}")
+    if len(client.cluster.replicas) < 2:
+        raise ValueError("a deployment sweep needs at least two replicas; serve more (`graphflow serve --replicas 2`)")
+    limit = client.cluster.get(client.cluster.call(client.cluster.replicas[0], "max_positions"))
+    if limit and max(contexts) + 128 > limit:
+        raise ValueError(f"{served} accepts {limit} positions; keep --contexts at most {limit - 128} tokens")
+    rows = sweep_deployment(client, served, contexts, repeats, parse_pairs(pairs, client.cluster.replicas), say)
+    return {**write_sweep(rows, out), "pairs": sorted({r["link"] for r in rows}),
+            "links_gbps": {r["link"]: r["link_gbps_fitted"] for r in rows}}  # fmt: skip
+
+
+def write_sweep(rows: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """``sweep.csv``, ``sweep.png`` and the summary (decision accuracy, prediction error, regret)."""
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
     plain = [{k: v for k, v in r.items() if k != "_decision"} for r in rows]

@@ -13,6 +13,13 @@ its *outputs are correct* when they equal the reference token for token (exact m
 5. ``memory-pressure`` — replicas get 50% of the working set measured unconstrained.
 6. ``load`` — N concurrent workflows (default 32) on 2 replicas; p50/p99 latency.
 7. ``bad-input`` — malformed requests each get one clear error; a good request still works.
+8. ``node-dies`` (``--nodes N``, N ≥ 2) — on a namespace cluster of N Ray nodes (one replica
+   per node, ``graphflow cluster``), the last node (its raylet and every process) is killed
+   after the first node of a workflow; the workflow finishes on the other nodes, the dead node
+   shows in the cluster's node list, and a restarted node serves the next scenario again.
+
+With ``--nodes N`` every scenario runs on that cluster (replicas spread, one per node) instead
+of an embedded single-node Ray; it needs root and iproute2.
 
 Scenarios 2 and 3 need a transfer to be attempted, so their executor uses a cost model that
 favours transfers (stated in the row's detail); every other scenario uses the costs measured
@@ -44,6 +51,7 @@ __all__ = ["SCENARIOS", "ScenarioResult", "run_faults"]
 
 SCENARIOS = ("replica-dies", "transfer-fails", "corrupt-bytes", "manager-restart", "memory-pressure", "load",
              "bad-input")  # fmt: skip
+NODE_SCENARIOS = ("node-dies",)  # with --nodes
 
 _TASKS = (
     "A tank holds 40 litres and leaks 3 litres an hour. How much is left after 7 hours? ",
@@ -66,8 +74,11 @@ class ScenarioResult:
 class FaultSuite:
     """One local Ray deployment, reset between scenarios; see the module docstring."""
 
-    def __init__(self, ray: Any, model: str, timeout_s: float, decode: int, repeats: int) -> None:
+    def __init__(self, ray: Any, model: str, timeout_s: float, decode: int, repeats: int, replicas: int = 2,
+                 spread: bool = False) -> None:  # fmt: skip
         self.ray = ray
+        self.replicas = replicas
+        self.spread = spread
         self.model = model
         self.timeout_s = timeout_s
         self.decode = decode
@@ -83,14 +94,15 @@ class FaultSuite:
 
     # ---- deployment ----------------------------------------------------------------------
     def deploy(self, capacity_bytes: int = 1 << 30, fresh: bool = False) -> RayCluster:
-        """The 2-replica deployment; ``fresh`` replaces the replica actors (empty stores)."""
+        """The deployment; ``fresh`` replaces the replica actors (empty stores)."""
         if fresh:
-            for i in range(2):
+            for i in range(self.replicas):
                 self._kill_replica(replica_name(i))
         # NOTE: detached, as `graphflow serve` deploys: a non-detached actor would die with the last
         # handle of the deployment object that created it
-        cluster = RayCluster.start(self.ray, self.model, 2, capacity_bytes, detached=True, replace_existing=fresh,
-                                   snapshot_dir=self.snapshot_dir, timeout_s=self.timeout_s)  # fmt: skip
+        cluster = RayCluster.start(self.ray, self.model, self.replicas, capacity_bytes, detached=True,
+                                   replace_existing=fresh, snapshot_dir=self.snapshot_dir, timeout_s=self.timeout_s,
+                                   spread=self.spread)  # fmt: skip
         self.cluster = cluster
         return cluster
 
@@ -128,6 +140,37 @@ class FaultSuite:
         detail = f"{replica_name(1)} killed after node {done[0]}; continued on {left}; "
         detail += "; ".join(notes) if notes else "no node was in flight on it"
         return ScenarioResult("replica-dies", True, self.correct(task, result), detail)
+
+    def node_dies(self) -> ScenarioResult:
+        """Kill the last Ray node mid-workflow (see the module docstring), then bring it back."""
+        from graphflow.harness.cluster import start_node, stop_node
+
+        self.deploy()
+        node, victim = self.replicas - 1, replica_name(self.replicas - 1)
+        task = self.tasks[2]
+        done: list[str] = []
+
+        def kill_after_first(trace: NodeTrace) -> None:
+            done.append(trace.node)
+            if len(done) == 1:
+                stop_node(node)
+
+        pin = {n.id: victim for n in self.graph.nodes[1:]}  # NOTE: work was headed for the node that dies
+        result = self.executor().run(self.graph, self.ids[task], "faults-node", on_node=kill_after_first, pin=pin)
+        notes = [f"{t.node}: {t.note}" for t in result.trace if t.note]
+        dead = [n["host"] for n in self.cluster.nodes() if not n["alive"]]
+        start_node(node)
+        self.deploy()  # the node is back: its replica is started afresh there
+        back = victim in self.cluster.replicas
+        detail = "; ".join(
+            [
+                f"node {node} killed after {done[0]}",
+                f"dead nodes {dead}",
+                *(notes or ["no node was in flight on it"]),
+                f"replica back on the restarted node: {back}",
+            ]
+        )
+        return ScenarioResult("node-dies", bool(dead) and back, self.correct(task, result), detail)
 
     def _transfer_fault(self, name: str, fault: str) -> ScenarioResult:
         self.deploy(fresh=True)
@@ -214,7 +257,7 @@ class FaultSuite:
         p50 = statistics.median(lat) if lat else float("nan")
         p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))] if lat else float("nan")
         return ScenarioResult("load", lost == 0, lost == 0 and all(ok for ok, _ in outcomes),
-                              f"{n} concurrent workflows on 2 replicas: p50 {p50:.2f} s, p99 {p99:.2f} s",
+                              f"{n} concurrent workflows on {self.replicas} replicas: p50 {p50:.2f} s, p99 {p99:.2f} s",
                               lost_requests=lost)  # fmt: skip
 
     def foreign_blocks(self) -> None:
@@ -283,27 +326,46 @@ class FaultSuite:
 
 def run_faults(model: str = "tiny-llama", scenarios: tuple[str, ...] = SCENARIOS, load: int = 32,
                timeout_s: float = 5.0, decode: int = 4, repeats: int = 6,
-               say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:  # fmt: skip
-    """Run the scenarios on an embedded Ray cluster; returns rows and a summary."""
-    unknown = sorted(set(scenarios) - set(SCENARIOS))
+               say: Callable[[str], None] = lambda _m: None, nodes: int = 0) -> dict[str, Any]:  # fmt: skip
+    """Run the scenarios on an embedded Ray cluster, or with ``nodes`` ≥ 2 on a namespace
+    cluster of that many nodes (one replica each, plus the ``node-dies`` scenario); returns
+    rows and a summary."""
+    known = SCENARIOS + (NODE_SCENARIOS if nodes else ())
+    unknown = sorted(set(scenarios) - set(known))
     if unknown:
-        raise ValueError(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
-    from graphflow.runtime.cluster import start_local
+        more = "" if nodes else f" ({', '.join(NODE_SCENARIOS)} needs --nodes)"
+        raise ValueError(f"unknown scenarios {unknown}; choose from {', '.join(known)}{more}")
+    if nodes == 1 or nodes < 0:
+        raise ValueError(f"--nodes takes 2 or more (a multi-node cluster) or 0 (embedded), got {nodes}")
+    from graphflow.runtime.cluster import connect, start_local
 
-    ray = start_local()
-    say(f"deploying 2 replicas of {model} and computing reference outputs")
-    suite = FaultSuite(ray, model, timeout_s, decode, repeats)
-    runners: dict[str, Callable[[], ScenarioResult]] = {
-        "replica-dies": suite.replica_dies, "transfer-fails": suite.transfer_fails,
-        "corrupt-bytes": suite.corrupt_bytes, "manager-restart": suite.manager_restart,
-        "memory-pressure": suite.memory_pressure, "load": lambda: suite.load(load), "bad-input": suite.bad_input,
-    }  # fmt: skip
-    rows: list[dict[str, Any]] = []
+    cluster = None
+    if nodes:
+        from graphflow.harness.cluster import ClusterSpec, cluster_down, cluster_up
+
+        say(f"starting a {nodes}-node namespace cluster")
+        cluster = cluster_up(ClusterSpec(nodes, "1gbit"), say=say)
     try:
-        _run_all(scenarios, runners, rows, say)
+        ray = connect(cluster.client_address) if cluster else start_local()
+        replicas = nodes or 2
+        say(f"deploying {replicas} replicas of {model} and computing reference outputs")
+        suite = FaultSuite(ray, model, timeout_s, decode, repeats, replicas=replicas, spread=bool(nodes))
+        runners: dict[str, Callable[[], ScenarioResult]] = {
+            "replica-dies": suite.replica_dies, "transfer-fails": suite.transfer_fails,
+            "corrupt-bytes": suite.corrupt_bytes, "manager-restart": suite.manager_restart,
+            "memory-pressure": suite.memory_pressure, "load": lambda: suite.load(load), "bad-input": suite.bad_input,
+            "node-dies": suite.node_dies,
+        }  # fmt: skip
+        rows: list[dict[str, Any]] = []
+        try:
+            _run_all(scenarios, runners, rows, say)
+        finally:
+            suite.cluster.shutdown()  # detached actors: stop them, or they outlive the check
+            shutil.rmtree(suite.snapshot_dir, ignore_errors=True)
     finally:
-        suite.cluster.shutdown()  # detached actors: stop them, or they outlive the check
-        shutil.rmtree(suite.snapshot_dir, ignore_errors=True)
+        if cluster is not None:
+            ray.shutdown()
+            cluster_down()
     passed = sum(r["completed"] and r["outputs_correct"] for r in rows)
     return {"rows": rows, "scenarios": len(rows), "passed": passed,
             "lost_requests": sum(r["lost_requests"] for r in rows)}  # fmt: skip

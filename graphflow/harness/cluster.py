@@ -46,6 +46,7 @@ BRIDGE_ADDRESS = f"{SUBNET}.254"
 GCS_PORT = 6379
 CLIENT_PORT = 10001
 STATE_DIR = Path(os.environ.get("GRAPHFLOW_CLUSTER_DIR", "/tmp/graphflow-cluster"))
+RAY_TEMP_DIR = STATE_DIR / "ray"
 _UNSHAPED = "10gbit"  # the htb class of a pair nobody shaped (the veth itself is far faster)
 
 
@@ -224,7 +225,10 @@ def _start_ray(spec: ClusterSpec, node: ClusterNode, head: str) -> None:
     common = [f"--node-ip-address={node.address}", f"--num-cpus={spec.cpus}", f"--resources={resources}",
               "--disable-usage-stats"]  # fmt: skip
     if node.index == 0:
-        role = ["--head", f"--port={GCS_PORT}", f"--ray-client-server-port={CLIENT_PORT}", "--include-dashboard=false"]
+        # NOTE: a temp dir of its own: Ray records a head's address in <temp>/ray_current_cluster, and an
+        # embedded `ray.init()` in the root namespace would otherwise try to join this cluster
+        role = ["--head", f"--port={GCS_PORT}", f"--ray-client-server-port={CLIENT_PORT}", "--include-dashboard=false",
+                f"--temp-dir={RAY_TEMP_DIR}"]  # fmt: skip
     else:
         role = [f"--address={head}"]
     cmd = [*node.exec_prefix(), "env", *(f"{k}={v}" for k, v in node.env().items()), _ray_exe(), "start", *role,
@@ -269,7 +273,18 @@ def cluster_down() -> dict[str, int]:
         subprocess.run(["ip", "link", "del", link], capture_output=True)
     bridge = subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True).returncode == 0
     (STATE_DIR / "state.json").unlink(missing_ok=True)
+    _forget_head_address()
+    shutil.rmtree(RAY_TEMP_DIR, ignore_errors=True)  # the nodes' sessions (logs, sockets)
     return {"namespaces": len(namespaces), "processes": killed, "bridges": int(bridge)}
+
+
+def _forget_head_address() -> None:
+    """Remove a ``ray_current_cluster`` record that names this harness's head (left by a run
+    before heads got their own temp dir), so an embedded ``ray.init()`` starts its own Ray."""
+    for folder in (Path("/tmp/ray"), RAY_TEMP_DIR):
+        record = folder / "ray_current_cluster"
+        if record.exists() and record.read_text().strip().startswith(f"{SUBNET}."):
+            record.unlink(missing_ok=True)
 
 
 def _host_veths() -> list[str]:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from graphflow.models.tokenizer import Tokenizer
+from typing import Protocol
 
-__all__ = ["prompt_token_ids"]
+__all__ = ["Encoder", "prompt_token_ids"]
+
+
+class Encoder(Protocol):
+    """Anything that turns text into token ids (a tokenizer, or a replica asked for it)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
 
 _TEXT = (
     "An agent workflow splits a task into steps. The planner reads the question and lists what "
@@ -14,7 +21,7 @@ _TEXT = (
 )
 
 
-def prompt_token_ids(tokenizer: Tokenizer, n: int) -> list[int]:
+def prompt_token_ids(tokenizer: Encoder, n: int) -> list[int]:
     """Exactly ``n`` token ids of numbered, readable agent-workflow text."""
     if n <= 0:
         raise ValueError(f"a prompt needs at least one token, got {n}")

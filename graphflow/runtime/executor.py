@@ -168,14 +168,16 @@ class WorkflowExecutor:
 
     def run(self, gs: ExecGraph, task_ids: Sequence[int], run_id: str, reuse: bool = True,
             on_node: Callable[[NodeTrace], None] | None = None,
-            pin: Mapping[str, str] | None = None) -> RunResult:  # fmt: skip
+            pin: Mapping[str, str] | None = None, force: Option | None = None) -> RunResult:  # fmt: skip
         """Execute ``gs`` for a task; ``reuse=False`` turns every KV reuse and transfer off.
 
         ``on_node`` is called with each node's trace as it finishes (progress reporting).
         ``pin`` maps node ids (and ``ROOT``, the task context's materialization) to the replica
         they must run on; the scheduler still chooses how their KV gets there. A node whose
         replica dies or whose transfer fails is recomputed on a live replica (a lost pinned
-        replica included); its trace says why (``note``). Bad requests raise ``ValueError``."""
+        replica included); its trace says why (``note``). ``force`` makes every node take that
+        option where it can (an ablation; sweeps measure each option this way); the decisions
+        (``RunResult.decisions``) still price every option. Bad requests raise ``ValueError``."""
         c = self.cluster
         pin = dict(pin or {})
         self._check_pin(gs, pin)
@@ -211,7 +213,7 @@ class WorkflowExecutor:
                     d = recompute(pinned or min(c.replicas, key=lambda r: load[r]), len(ctx), self.bpt, self.policy,
                                   retry[nid], fallback=retry[nid])  # fmt: skip
                 elif reuse:
-                    d = self._decide(ctx, tmpl, load, pinned)
+                    d = self._decide(ctx, tmpl, load, pinned, force)
                 else:
                     d = recompute(pinned or c.replicas[next(turn) % len(c.replicas)], len(ctx), self.bpt,
                                   self.policy, "reuse off")  # fmt: skip
@@ -267,7 +269,8 @@ class WorkflowExecutor:
         )
 
     # ---- one node ------------------------------------------------------------------------
-    def _decide(self, ctx: list[int], tmpl: TemplateRef, load: dict[str, int], pinned: str = "") -> Decision:
+    def _decide(self, ctx: list[int], tmpl: TemplateRef, load: dict[str, int], pinned: str = "",
+                force: Option | None = None) -> Decision:  # fmt: skip
         """One manager round trip, then the policy over every replica (only ``pinned``, if set)."""
         version = base_version(self.model_key, ctx[len(ctx) - tmpl.tokens :]) if tmpl.tokens else ""
         look = self.cluster.manager("begin_node", ctx, self.model_key, self.clock(), self.lease_s, None,
@@ -284,7 +287,7 @@ class WorkflowExecutor:
             requests.append(StateRequest(r, len(ctx), self.bpt, local_tokens=local, remote=remote,
                                          residual=self._residual(held.get(r), len(ctx), tmpl)))  # fmt: skip
         queue = {r: n * self.policy.prefill(len(ctx)) for r, n in load.items()}
-        return place(requests, queue, self.policy)
+        return place(requests, queue, self.policy, force)
 
     @staticmethod
     def _residual(h: TemplateHolding | None, total: int, tmpl: TemplateRef) -> ResidualCopy | None:

@@ -69,11 +69,12 @@ RECONSTRUCT = """
 import json
 from graphflow.client import connect
 from graphflow.workflow.corpus import load_corpus, references
-client = connect(None, model="tiny-llama", replicas=2, decode_steps=3, kv_mode="differential", recompute_head=0)
+client = connect(None, model="smollm2-shape", replicas=2, decode_steps=2, kv_mode="differential", recompute_head=0,
+                 capacity_mib=256)
 wf = references(load_corpus())["GSM8K"]
 rows = []
-for i in range(8):
-    r = client.run(f"Problem {i}: a cart moves {i + 3} metres a second for 9 seconds. How far? " * 30, wf)
+for i in range(6):
+    r = client.run(f"Problem {i}: a cart moves {i + 3} metres a second for 9 seconds. How far? " * 8, wf)
     rows += [{"run": i, "node": t.node, "decision": t.decision, "rebuilt": t.rebuilt_tokens} for t in r.nodes]
     rows += [{"run": i, "predicted": {o.value: s for o, s in d.predicted_s.items()}, "chosen": d.option.value}
              for d in r.decisions]

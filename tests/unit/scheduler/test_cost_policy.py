@@ -158,3 +158,19 @@ def test_eviction_scores():
     soon = eviction_scores(hits, size, age, steps_until_next_use=np.array([-1, -1, 2]))
     assert list(eviction_order(soon, np.array([True, True, True]))) == [1, 0, 2]
     assert list(eviction_order(s, np.array([True, False, True]))) == [2, 0]
+
+
+def test_force_takes_the_option_where_possible_and_still_prices_every_option():
+    from scheduler.cost import LinkSpec, PrefillModel
+    from scheduler.policy import Option, Policy, RemoteCopy, StateRequest, decide
+
+    pol = Policy(PrefillModel(0.0, 1e-6, 0.0))  # prefill nearly free: recompute wins unforced
+    slow = LinkSpec("slow", 1e3, 1e-3)
+    req = StateRequest("b", 512, 1000, remote=(RemoteCopy("a", 512, slow, "addr-a"),))
+    free = decide(req, pol)
+    forced = decide(req, pol, force=Option.TRANSFER)
+    assert free.option is Option.RECOMPUTE and forced.option is Option.TRANSFER
+    assert forced.predicted_s == free.predicted_s and "forced" in forced.reason
+    assert forced.source == "a" and forced.receive == (0, 512)
+    # an option that is not possible (no local prefix to reuse) is not forced
+    assert decide(req, pol, force=Option.REUSE).option is Option.RECOMPUTE

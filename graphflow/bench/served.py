@@ -1,0 +1,68 @@
+"""One agent node through the served path, with its context on one replica and the agent pinned
+to another: the measurement that ``experiments/ttft --served`` and the deployment sweep
+(``graphflow sweep transfer-vs-recompute --address``) share.
+
+A run is a real workflow run (``WorkflowExecutor.run``: the manager, the policy, the replica
+actors, the served transport): the task root (``L`` context tokens) is materialized on the
+holder, the agent node (its template after the context) runs on the agent replica, and the
+scheduler decides how its KV gets there unless the caller forces an option. Each call uses an
+upstream context of its own (shifted by whole blocks), so no replica already holds it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from graphflow.client import Client, new_run_id
+from graphflow.models.prompts import prompt_token_ids
+from graphflow.runtime.executor import NodeTrace
+from graphflow.workflow.compile import ROOT, ExecGraph, ExecNode
+from scheduler.policy import Decision, Option
+
+__all__ = ["AGENT_TEXT", "AgentRun", "PinnedAgent"]
+
+AGENT_TEXT = "\nNext agent: check the reasoning above and give the final answer as a number.\n" * 4
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRun:
+    trace: NodeTrace  # the agent node's row (replica timings, phases, decision)
+    decision: Decision  # what the policy predicted for every option
+    first_token: int
+
+
+class PinnedAgent:
+    """Runs the agent node of one context length at a time on a deployment (see the module doc)."""
+
+    def __init__(self, client: Client, template: str = AGENT_TEXT) -> None:
+        self.client = client
+        self.graph = ExecGraph((ExecNode("agent", "Custom", "REVIEW", template, (), ROOT),), (), ((ROOT, "agent"),),
+                               ("agent",))  # fmt: skip
+        self._shift = itertools.count(16, 16)  # NOTE: whole blocks: every call's chain of block keys is new
+
+    def encode(self, text: str) -> list[int]:
+        """The served model's tokenizer, asked through a replica (no model is loaded here)."""
+        c = self.client.cluster
+        return list(c.get(c.call(c.replicas[0], "encode", text)))
+
+    def context(self, n: int) -> list[int]:
+        """``n`` upstream tokens no replica holds yet."""
+        shift = next(self._shift)
+        return prompt_token_ids(self, n + shift)[shift:]
+
+    def run(self, n: int, agent: str, holder: str = "", force: Option | None = None) -> AgentRun:
+        """The agent over a fresh ``n``-token context on ``agent``; with ``holder`` the context is
+        materialized there first (reuse on), without it every token is prefilled on ``agent``."""
+        tokens = self.context(n)
+        ex = self.client.executor
+        if holder:
+            got = ex.run(self.graph, tokens, new_run_id(), pin={ROOT: holder, "agent": agent}, force=force)
+        else:
+            got = ex.run(self.graph, tokens, new_run_id(), reuse=False, pin={"agent": agent})
+        return AgentRun(got.nodes[0], got.decisions[0], got.outputs["agent"][0])
+
+    def hosts(self) -> dict[str, Any]:
+        """Each replica's host, as the deployment reports it."""
+        return {s["replica"]: s["host"] for s in self.client.status()}
