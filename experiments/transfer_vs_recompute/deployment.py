@@ -23,6 +23,7 @@ from typing import Any
 from experiments.common import read_csv, replace_section, write_meta
 from graphflow.bench.sweep_run import run_deployment_sweep
 from graphflow.harness.cluster import ClusterSpec, cluster_down, cluster_up, parse_links
+from graphflow.runtime.cluster import shutdown
 
 HERE = Path(__file__).parent
 LINKS = "0-1=10gbit,0-2=1gbit,1-2=100mbit"
@@ -73,6 +74,7 @@ def main() -> None:
                                       say=lambda m: print(m, file=sys.stderr))  # fmt: skip
         _graphflow("shutdown", "--address", cluster.client_address, "--no-stop-head")
     finally:
+        shutdown()  # this process's Ray client, before its cluster goes
         cluster_down()
     rows = read_csv(out / "sweep.csv")
     for r in rows:  # what the pair was configured as, beside what serve measured
