@@ -200,9 +200,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         from graphflow.client import connect
 
         client = connect(address, decode_steps=decode, recalibrate=recalibrate)
-        served = client.status()[0]["model"]
-        if model and model != served:
-            raise ValueError(f"this deployment serves {served!r}, not {model!r}; submit to one that serves {model}")
+        client.served_model(model)
         result = client.run(task, reuse=not no_reuse)
         if json_out:
             emit(_result_json(result))

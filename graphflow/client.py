@@ -124,6 +124,13 @@ class Client:
     def status(self) -> list[dict[str, Any]]:
         return self.cluster.stats()
 
+    def served_model(self, wanted: str = "") -> str:
+        """The model this deployment serves; ``ValueError`` when ``wanted`` is set and differs."""
+        served = str(self.status()[0]["model"])
+        if wanted and wanted != served:
+            raise ValueError(f"this deployment serves {served!r}, not {wanted!r}; use one that serves {wanted}")
+        return served
+
 
 CALIBRATION_KEY = "calibration"
 

@@ -41,11 +41,15 @@ class PinnedAgent:
         self.graph = ExecGraph((ExecNode("agent", "Custom", "REVIEW", template, (), ROOT),), (), ((ROOT, "agent"),),
                                ("agent",))  # fmt: skip
         self._shift = itertools.count(16, 16)  # NOTE: whole blocks: every call's chain of block keys is new
+        self._encoded: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
-        """The served model's tokenizer, asked through a replica (no model is loaded here)."""
-        c = self.client.cluster
-        return list(c.get(c.call(c.replicas[0], "encode", text)))
+        """The served model's tokenizer, asked through a replica once per text (no model is
+        loaded here; every context repeats the same numbered sections)."""
+        if text not in self._encoded:
+            c = self.client.cluster
+            self._encoded[text] = list(c.get(c.call(c.replicas[0], "encode", text)))
+        return list(self._encoded[text])
 
     def context(self, n: int) -> list[int]:
         """``n`` upstream tokens no replica holds yet."""

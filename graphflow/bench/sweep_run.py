@@ -50,9 +50,7 @@ def run_deployment_sweep(address: str, model: str, contexts: Sequence[int], pair
     from graphflow.client import connect
 
     client = connect(address, decode_steps=1)
-    served = client.status()[0]["model"]
-    if model and model != served:
-        raise ValueError(f"this deployment serves {served!r}, not {model!r}; pass --model {served} or serve {model}")
+    served = client.served_model(model)
     if len(client.cluster.replicas) < 2:
         raise ValueError("a deployment sweep needs at least two replicas; serve more (`graphflow serve --replicas 2`)")
     limit = client.cluster.get(client.cluster.call(client.cluster.replicas[0], "max_positions"))

@@ -208,7 +208,9 @@ class WorkflowExecutor:
                 ctx = node_context(node, tokens, outputs, task_ids, self._encode)
                 tokens[nid] = ctx
                 tmpl = TemplateRef(node.role, node_path(gs, nid), len(self._encode(node.template)))
-                pinned = pin.get(nid, "") if pin.get(nid, "") in c.replicas else ""  # a lost one no longer binds
+                pinned = pin.get(nid, "")
+                if pinned not in c.replicas:  # unpinned, or pinned to a replica since lost: no longer binds
+                    pinned = ""
                 if nid in retry:
                     d = recompute(pinned or min(c.replicas, key=lambda r: load[r]), len(ctx), self.bpt, self.policy,
                                   retry[nid], fallback=retry[nid])  # fmt: skip

@@ -4,8 +4,6 @@ submitted through ray:// from the root namespace → shutdown → cluster down (
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 
@@ -14,6 +12,7 @@ import pytest
 from tests.integration.helpers.cli import ENV
 from tests.integration.helpers.cli import cli as _cli
 from tests.integration.helpers.cli import last_json as _last_json
+from tests.integration.helpers.netns import leftovers, namespaces_allowed
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.netns]
 
@@ -54,24 +53,9 @@ print(json.dumps({"identical": on.outputs == off.outputs, "killed": killed[0], "
 """
 
 
-def _namespaces_allowed() -> bool:
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-        return False
-    ok = subprocess.run(["ip", "netns", "add", "gfc-probe"], capture_output=True).returncode == 0
-    subprocess.run(["ip", "netns", "del", "gfc-probe"], capture_output=True)
-    return ok
-
-
-def _leftovers() -> dict[str, object]:
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return {"namespaces": [ln for ln in netns.splitlines() if ln.startswith("gfc-node-")],
-            "links": [ln for ln in links.splitlines() if "gfc" in ln]}  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    if not _namespaces_allowed():
+    if not namespaces_allowed():
         pytest.skip("network namespaces cannot be created here (needs root and iproute2)")
     up = _last_json(_cli("cluster", "up", "--nodes", "3", "--link", "1gbit", "--json"))
     try:
@@ -79,7 +63,7 @@ def cluster():
     finally:
         down = _last_json(_cli("cluster", "down", "--json"))
         assert down["namespaces"] == 3 and down["processes"] > 0
-        assert _leftovers() == {"namespaces": [], "links": []}
+        assert leftovers() == {"namespaces": [], "links": []}
         assert _last_json(_cli("cluster", "down", "--json"))["namespaces"] == 0  # idempotent
 
 

@@ -13,7 +13,7 @@ import pytest
 from tests.integration.helpers.cli import ENV
 from tests.integration.helpers.cli import cli as _cli
 from tests.integration.helpers.cli import last_json as _last_json
-from tests.integration.test_cluster import _leftovers, _namespaces_allowed
+from tests.integration.helpers.netns import leftovers, namespaces_allowed
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.netns]
 
@@ -38,14 +38,14 @@ print(json.dumps({"rows": rows, "predicted": predicted, "links": links, "context
 
 @pytest.fixture(scope="module")
 def slow_node():
-    if not _namespaces_allowed():
+    if not namespaces_allowed():
         pytest.skip("network namespaces cannot be created here (needs root and iproute2)")
     up = _last_json(_cli("cluster", "up", "--nodes", "3", "--link", "0-1=1gbit,0-2=50mbit,1-2=50mbit", "--json"))
     try:
         yield up
     finally:
         _cli("cluster", "down", "--json")
-        assert _leftovers() == {"namespaces": [], "links": []}
+        assert leftovers() == {"namespaces": [], "links": []}
 
 
 def test_slow_node_recomputes_and_the_fast_pair_transfers(slow_node):
