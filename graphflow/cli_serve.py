@@ -107,6 +107,12 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
         spread: bool = typer.Option(
             False, "--spread", help="Place replicas round-robin over the cluster's nodes (the manager on the head)."
         ),
+        no_batching: bool = typer.Option(
+            False, "--no-batching", help="Run each node's forward passes alone (the unbatched reference)."
+        ),
+        max_batch_tokens: int = typer.Option(
+            256, help="Tokens one engine step runs per replica: every decode plus chunks of pending prefill."
+        ),
         replace: bool = typer.Option(
             False, "--replace", help="Shut down a running deployment of other settings instead of refusing."
         ),
@@ -136,6 +142,9 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             recompute_head,
             threads,
             prefault,
+            spread,
+            not no_batching,
+            max_batch_tokens,
         )  # checks input, one sentence per mistake
         if address:
             ray = connect(address)
@@ -149,6 +158,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             ray, model, replicas, capacity_mib << 20, detached=True, snapshot_dir=snapshots, kv_mode=kv_mode,
             transport=transport, device=device, gpus_per_replica=gpus_per_replica, replace_existing=replace,
             recompute_head=recompute_head, threads=threads, prefault_bytes=prefault, spread=spread,
+            batching=not no_batching, max_batch_tokens=max_batch_tokens,
         )  # fmt: skip
         say("measuring prefill and replica-to-replica transfer costs for the scheduler")
         calibration = calibrate_cluster(cluster)
@@ -163,6 +173,8 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             "snapshot_dir": snapshots,
             "transport": transport,
             "device": device,
+            "batching": not no_batching,
+            "max_batch_tokens": max_batch_tokens if not no_batching else 0,
             "links": [{"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
                       for (a, b), ln in sorted(calibration.links.pairs.items())],
         }  # fmt: skip

@@ -143,12 +143,13 @@ def new_run_id() -> str:
 def connect(address: str | None = None, model: str = "tiny-llama", replicas: int = 2, decode_steps: int = 16,
             recalibrate: bool = False, kv_mode: str = "exact", transport: str = "ucx",
             device: str = "cpu", recompute_head: int = 12, capacity_mib: int = 1024, threads: int = 0,
-            prefault_mib: int = 0) -> Client:  # fmt: skip
+            prefault_mib: int = 0, batching: bool = True, max_batch_tokens: int = 256) -> Client:  # fmt: skip
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
     move KV over ``transport``: ucx or ray, each with ``capacity_mib`` of KV store, ``threads``
     torch threads (0: every core) and ``prefault_mib`` of KV memory faulted in at start (0: on
-    demand; ``graphflow serve`` faults in the whole capacity by default); an attached deployment
+    demand; ``graphflow serve`` faults in the whole capacity by default), with ``batching`` (each
+    replica's nodes share forward passes of ``max_batch_tokens``) or not; an attached deployment
     keeps what it was served with, and an embedded one of other settings in this process is
     replaced).
 
@@ -163,7 +164,8 @@ def connect(address: str | None = None, model: str = "tiny-llama", replicas: int
         ray = start_local()
         cluster = RayCluster.start(ray, model, replicas, capacity_mib << 20, kv_mode=kv_mode, transport=transport,
                                    device=device, replace_existing=True, recompute_head=recompute_head,
-                                   threads=threads, prefault_bytes=prefault_mib << 20)  # fmt: skip
+                                   threads=threads, prefault_bytes=prefault_mib << 20, batching=batching,
+                                   max_batch_tokens=max_batch_tokens)  # fmt: skip
         calibration = calibrate_cluster(cluster)
     else:
         ray = ray_connect(address)

@@ -26,8 +26,6 @@ peak RSS during the timed part (``VmHWM``, reset at the trial's start).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import itertools
 import json
@@ -46,8 +44,8 @@ from graphflow.kv.state import Lineage
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
+from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
 from transport.base import TransferSpec
-from transport.memory import host_arena
 from transport.message import MessageTransport
 
 __all__ = ["SYSTEMS", "AgentsPlan", "agents_side"]
@@ -91,34 +89,6 @@ class _Side:
                 "tokens": self.tokens, "stored_bytes": self.stored_bytes, "shared_bytes": self.shared_bytes,
                 "working_bytes": self.working_bytes,
                 "rss_start": self.rss_start, "rss_peak": self.rss_peak}  # fmt: skip
-
-
-def _rss() -> tuple[int, int]:
-    """(current, peak) resident bytes of this process, from ``/proc/self/status``."""
-    got = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":", 1)
-                got[key] = int(value.split()[0]) * 1024
-    return got.get("VmRSS", 0), got.get("VmHWM", 0)
-
-
-def _release_freed_memory() -> None:
-    """Hand memory freed by earlier trials back to the OS (glibc and the block arena keep it
-    otherwise), so a trial's RSS growth is its own."""
-    gc.collect()
-    host_arena().release_idle()
-    with contextlib.suppress(OSError, AttributeError):  # NOTE: not glibc: growth may be understated
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def _reset_peak_rss() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # Linux: reset VmHWM to the current RSS
-    except OSError:
-        pass  # NOTE: then the peak is the process's lifetime peak, which only overstates
 
 
 class _Workload:
@@ -201,9 +171,9 @@ def _trial(t: MessageTransport, role: int, peer: str, engine: Engine, plan: Agen
     side = _Side()
     mine = work.mine(system, role)
     side.agents = len(mine)
-    _release_freed_memory()
-    _reset_peak_rss()
-    side.rss_start = _rss()[0]
+    release_freed_memory()
+    reset_peak_rss()
+    side.rss_start = resident_bytes()[0]
     if role == 1:
         t.send_control(peer, READY, b"r")
         t.recv_control(peer, START, 1)
@@ -228,7 +198,7 @@ def _trial(t: MessageTransport, role: int, peer: str, engine: Engine, plan: Agen
         side.tokens = [[f, *r] for f, r in zip(firsts, rest, strict=True)]
         side.parts["agents_s"] = time.monotonic() - t0
     side.end = time.monotonic()
-    side.rss_peak = _rss()[1]
+    side.rss_peak = resident_bytes()[1]
     if cache is not None:
         side.working_bytes = cache_nbytes(cache)
         kept = _keep(engine, work, store, system, mine, prefixes, rows, side.tokens, cache)

@@ -19,7 +19,7 @@ from typing import Any
 
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
-from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
+from graphflow.runtime.replica import BATCH_ROWS, ReplicaConfig, ReplicaWorker
 from graphflow.runtime.templates import kv_mode as kv_mode_of
 
 __all__ = ["BOARD_NAME", "MANAGER_NAME", "TRANSPORTS", "Board", "CallWorker", "Deployment", "RayCluster",
@@ -31,6 +31,7 @@ SNAPSHOT_KEY = "snapshot_dir"
 DEPLOYMENT_KEY = "deployment"
 NAMESPACE = "graphflow"
 TRANSPORTS = ("ucx", "ray")  # how served replicas move KV between each other
+STATUS_GROUP = "status"  # a replica's own threads for cheap calls (queue length, stats), never behind its nodes
 # NOTE: a node's KV buffers (the rebuilt cache, each layer's grown keys and values) are tens to
 # hundreds of MiB; glibc hands them back to the OS when freed, from the actor's thread arenas
 # at once, and touching fresh pages costs ~1.2 ms per MiB in this VM (a 4K-token SmolLM2 node
@@ -55,6 +56,8 @@ class Deployment:
     threads: int = 0  # torch threads per replica (0: every core of its host)
     prefault_bytes: int = 0  # KV memory each replica faults in at start (0: on demand)
     spread: bool = False  # replicas round-robin over the cluster's nodes, the manager on the head
+    batching: bool = True  # each replica's nodes share forward passes (runtime.batcher); off: one at a time
+    max_batch_tokens: int = 256  # tokens per engine step (decodes + prefill chunks)
 
     def __post_init__(self) -> None:
         if self.recompute_head < 0:
@@ -70,14 +73,19 @@ class Deployment:
             raise ValueError("threads and prefault must be non-negative")
         if self.gpus_per_replica < 0:
             raise ValueError(f"gpus_per_replica must be non-negative, got {self.gpus_per_replica}")
+        if self.batching and self.max_batch_tokens <= BATCH_ROWS:
+            raise ValueError(f"--max-batch-tokens must exceed {BATCH_ROWS} (a step holds every running decode), "
+                             f"got {self.max_batch_tokens}")  # fmt: skip
         kv_mode_of(self.kv_mode)  # a clear error here rather than from inside every actor
 
     def describe(self) -> str:
         threads = f"{self.threads} threads" if self.threads else "all cores"
         spread = ", spread over nodes" if self.spread else ""
+        batching = f"batching {self.max_batch_tokens} tokens/step" if self.batching else "no batching"
         return (
             f"{self.replicas} × {self.model} ({self.kv_mode} KV, {self.capacity_bytes >> 20} MiB each, "
-            f"{self.prefault_bytes >> 20} MiB prefaulted, {self.transport}, {self.device}, {threads}{spread})"
+            f"{self.prefault_bytes >> 20} MiB prefaulted, {self.transport}, {self.device}, {threads}, "
+            f"{batching}{spread})"
         )
 
 
@@ -170,7 +178,8 @@ class RayCluster:
               snapshot_dir: str = "", timeout_s: float = 120.0, kv_mode: str = "exact", transport: str = "ucx",
               device: str = "cpu", gpus_per_replica: float = 0.0, replace_existing: bool = False,
               eviction: str = "score", recompute_head: int = 12, threads: int = 0,
-              prefault_bytes: int = 0, spread: bool = False) -> RayCluster:  # fmt: skip
+              prefault_bytes: int = 0, spread: bool = False, batching: bool = True,
+              max_batch_tokens: int = 256) -> RayCluster:  # fmt: skip
         """Create the manager and ``n`` replica actors, unless this deployment already runs.
 
         A running deployment of the same model, replicas, mode, capacity, transport and device
@@ -182,9 +191,11 @@ class RayCluster:
         ``threads``: torch threads per replica (0: every core). ``prefault_bytes``: KV memory each
         replica faults in when it starts, so receives land in touched pages (0: on demand).
         ``spread``: replica ``i`` on the ``i mod N``-th alive node (the head first, then by
-        address), the manager and board on the head; otherwise Ray places them."""
+        address), the manager and board on the head; otherwise Ray places them. ``batching``: each
+        replica's nodes share forward passes of ``max_batch_tokens`` tokens (else one at a time,
+        four at once)."""
         want = Deployment(model, n, kv_mode, capacity_bytes, transport, device, gpus_per_replica, recompute_head,
-                          threads, prefault_bytes, spread)  # fmt: skip
+                          threads, prefault_bytes, spread, batching, max_batch_tokens)  # fmt: skip
         running = cls._running(ray)
         if running is not None and running != want:
             if not replace_existing:
@@ -206,11 +217,15 @@ class RayCluster:
             place = {"scheduling_strategy": on_node(nodes[i % len(nodes)])} if nodes else {}
             cfg = ReplicaConfig(name, model, capacity_bytes, transport=transport, timeout_s=timeout_s, kv_mode=kv_mode,
                                 device=device, eviction=eviction, recompute_head=recompute_head, threads=threads,
-                                prefault_bytes=prefault_bytes)  # fmt: skip
-            actor = ray.remote(ReplicaActor).options(
+                                prefault_bytes=prefault_bytes, batching=batching,
+                                max_batch_tokens=max_batch_tokens)  # fmt: skip
+            # NOTE: with the engine loop, the actor's threads only wait on it (its queue bounds them);
+            # without it, each thread runs a forward of its own on the same cores
+            actor = ray.remote(concurrency_groups={STATUS_GROUP: 2})(ReplicaActor).options(
                 name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, num_gpus=gpus_per_replica,
-                max_concurrency=4, runtime_env={"env_vars": REPLICA_ENV}, **life, **place,
-            )  # fmt: skip
+                max_concurrency=cfg.max_queue if batching else 4, runtime_env={"env_vars": REPLICA_ENV}, **life,
+                **place,
+            )
             handles[name] = actor.remote(cfg)
         infos = ray.get([handles[n_].info.remote() for n_ in names])
         ray.get([manager.add_replica.remote(i) for i in infos])
@@ -249,6 +264,20 @@ class RayCluster:
 
     def call(self, replica: str, method: str, *args: Any) -> Any:
         return getattr(self.handles[replica], method).remote(*args)
+
+    def _status(self, replica: str, method: str, *args: Any) -> Any:
+        """A cheap call on the replica's status threads (answered while its nodes run)."""
+        return getattr(self.handles[replica], method).options(concurrency_group=STATUS_GROUP).remote(*args)
+
+    def queue_lengths(self) -> dict[str, int]:
+        """Node calls in each live replica now (a replica that does not answer is left out)."""
+        from ray.exceptions import RayActorError
+
+        got = {}
+        for r, ref in [(r, self._status(r, "queue_length")) for r in list(self.replicas)]:
+            with contextlib.suppress(RayActorError):
+                got[r] = int(self.ray.get(ref))
+        return got
 
     def manager(self, method: str, *args: Any) -> Any:
         """Call the manager; a manager that died is restarted (see :meth:`restart_manager`)."""
@@ -326,7 +355,7 @@ class RayCluster:
         stats = []
         for r in list(self.replicas):
             try:
-                stats.append(self.ray.get(self.handles[r].stats.remote()))
+                stats.append(self.ray.get(self._status(r, "stats")))
             except RayActorError:  # died (with its node, maybe): stop using it
                 self.drop_replica(r)
                 self.lost.append(r)

@@ -50,6 +50,7 @@ class Cluster(Protocol):
     def manager(self, method: str, *args: Any) -> Any: ...  # returns the value
     def wait_one(self, handles: Sequence[Any]) -> Any: ...  # a finished handle
     def get(self, handle: Any) -> Any: ...
+    def queue_lengths(self) -> dict[str, int]: ...  # node calls in each replica now (all clients)
     def is_replica_failure(self, exc: BaseException) -> bool: ...  # the replica itself is gone
     def drop_replica(self, replica: str) -> None: ...  # stop using it; the manager forgets its blocks
 
@@ -288,7 +289,9 @@ class WorkflowExecutor:
                            for o, n in have.items() if o != r and n > local and o in self.cluster.replicas)  # fmt: skip
             requests.append(StateRequest(r, len(ctx), self.bpt, local_tokens=local, remote=remote,
                                          residual=self._residual(held.get(r), len(ctx), tmpl)))  # fmt: skip
-        queue = {r: n * self.policy.prefill(len(ctx)) for r, n in load.items()}
+        # NOTE: the replicas count every client's nodes; this run's own launches may not have arrived yet
+        reported = self.cluster.queue_lengths()
+        queue = {r: max(n, reported.get(r, 0)) * self.policy.prefill(len(ctx)) for r, n in load.items()}
         return place(requests, queue, self.policy, force)
 
     @staticmethod

@@ -98,6 +98,9 @@ class LocalCluster:
     def get(self, handle: cf.Future[Any]) -> Any:
         return handle.result()
 
+    def queue_lengths(self) -> dict[str, int]:
+        return {r: self.workers[r].queue_length() for r in self.replicas if r not in self._stopped}
+
     def stats(self) -> list[dict[str, Any]]:
         hits = self._manager.hit_stats()
         return [{**w.stats(), **hits.get(r, {})} for r, w in self.workers.items()]
@@ -105,5 +108,6 @@ class LocalCluster:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         for r, w in self.workers.items():
+            w.close()
             if r not in self._stopped:
                 w.transport.close()

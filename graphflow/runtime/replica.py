@@ -28,26 +28,32 @@ from typing import Any
 
 import torch
 
-from graphflow.kv.block import KVBlock, chain_keys
+from graphflow.kv.block import KVBlock, chain_keys, make_blocks
 from graphflow.kv.differential import ResidualCodec
 from graphflow.kv.diffstore import KVMode
 from graphflow.kv.errors import ChecksumMismatch, MissingBlocks
 from graphflow.kv.exchange import receive_blocks, send_blocks, spec_for_prompt
 from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo, StateRecord, batch_from_blocks
 from graphflow.kv.operators import evict as evict_state
-from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
+from graphflow.kv.packing import blocks_to_cache, cache_to_blocks, stack_cache
 from graphflow.kv.paths import PathKey
 from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
+from graphflow.models.ragged import unsupported
+from graphflow.runtime.batcher import Batcher
 from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates, check_policy
+from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
+from graphflow.runtime.prefixes import SharedPrefixes
 from graphflow.runtime.templates import TemplateKV, kv_mode
 from scheduler.policy import Option
 from transport.base import TransferSpec, Transport, TransportConfig
 from transport.memory import host_arena
 
-__all__ = ["EVICTION_POLICIES", "ReplicaConfig", "ReplicaWorker"]
+__all__ = ["BATCH_ROWS", "EVICTION_POLICIES", "ReplicaConfig", "ReplicaWorker"]
+
+BATCH_ROWS = 32  # requests one engine step runs at most
 
 
 def _templates(engine: Engine, config: ReplicaConfig) -> TemplateKV | None:
@@ -76,9 +82,16 @@ class ReplicaConfig:
     host: str = ""  # that node's IP address ("" = this host)
     threads: int = 0  # torch threads of the engine (0: every core of the host, as a plain process gets)
     prefault_bytes: int = 0  # KV memory faulted in at start, a block pool as vLLM allocates (0: on demand)
+    batching: bool = True  # nodes share forward passes in one engine loop (runtime.batcher); off: one at a time
+    max_batch_tokens: int = 256  # tokens one engine step runs (decodes + prefill chunks)
+    max_queue: int = 64  # node requests the engine loop holds (the actor's concurrency stays below it)
 
     def __post_init__(self) -> None:
         check_policy(self.eviction)
+        if self.batching and not self.max_batch_tokens > BATCH_ROWS:
+            raise ValueError(
+                f"max_batch_tokens must exceed {BATCH_ROWS} (a step holds every decode), got {self.max_batch_tokens}"
+            )
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         if self.threads < 0 or self.prefault_bytes < 0:
@@ -108,6 +121,25 @@ class ReplicaWorker:
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
         self.templates = _templates(self.engine, config)
         self.prefaulted_bytes = host_arena().reserve(min(config.prefault_bytes, config.capacity_bytes))
+        self.batcher, self.batching_off = self._engine_loop()
+        self._prefixes = SharedPrefixes(self.engine)
+        self._active = 0  # node calls in this replica now (receiving, queued or running)
+
+    def _engine_loop(self) -> tuple[Batcher | None, str]:
+        """The engine loop when batching is on and the model allows it, else why not."""
+        if not self.config.batching:
+            return None, "turned off"
+        why = unsupported(self.engine.model)
+        if why:
+            return None, why
+        loop = Batcher(self.engine, self.config.max_batch_tokens, BATCH_ROWS, self.config.max_queue)
+        loop.start()
+        return loop, ""
+
+    def close(self) -> None:
+        """Stop the engine loop (queued requests fail)."""
+        if self.batcher is not None:
+            self.batcher.stop()
 
     # ---- identity ------------------------------------------------------------------------
     def address(self) -> str:
@@ -132,6 +164,15 @@ class ReplicaWorker:
         if n_tmpl > len(plan.tokens):
             raise ValueError(f"the template ({n_tmpl} tokens) must fit in the context ({len(plan.tokens)} tokens)")
         self._check_length(len(plan.tokens) + plan.decode_steps)
+        with self._lock:
+            self._active += 1
+        try:
+            return self._run_node(plan, n_tmpl)
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    def _run_node(self, plan: NodePlan, n_tmpl: int) -> NodeResult:
         start = time.perf_counter()
         ids = list(plan.tokens)
         with self._lock:
@@ -152,23 +193,36 @@ class ReplicaWorker:
                 received = []
         prefix = local + received
         cached = len(prefix) * self.config.block_tokens
+        batched = self.batcher is not None and not self._templated(plan, ids, cached)
         # NOTE: _local_prefix verified every local block, the transport every received one
-        cache = (blocks_to_cache(prefix, self.engine.identity, self.engine.config, self.engine.device,
-                                 verify_bytes=False) if prefix else None)  # fmt: skip
-        marks.append(("rebuild", time.perf_counter()))
-        pre, rebuilt, why = self._prefill(plan, ids, cached, cache)
-        notes += [why] if why else []
-        first = int(torch.argmax(pre.logits))
-        ttft = time.perf_counter() - start
-        marks.append(("prefill", start + ttft))
-        if received and len(local) * self.config.block_tokens == lo:  # after the first token: off its path
-            evicted += self._keep_received(plan, ids[:hi], local + received)
-            marks.append(("keep_received", time.perf_counter()))
-        out = self.engine.decode_greedy(pre.cache, first, plan.decode_steps - 1) if plan.decode_steps > 1 else None
-        output = [first, *(out.token_ids if out else ())]
+        shared = self._prefixes.acquire(prefix) if batched and prefix else None
+        try:
+            if batched:
+                assert self.batcher is not None
+                marks.append(("rebuild", time.perf_counter()))
+                req = self.batcher.submit(ids[cached:], None, shared, plan.decode_steps)
+                first, rebuilt = req.wait_first(), 0
+            else:
+                cache = self._cache_of(prefix)
+                marks.append(("rebuild", time.perf_counter()))
+                first, cache, rebuilt, why = self._prefill(plan, ids, cached, cache)
+                notes += [why] if why else []
+            ttft = time.perf_counter() - start
+            marks.append(("prefill", start + ttft))
+            if received and len(local) * self.config.block_tokens == lo:  # after the first token: off its path
+                evicted += self._keep_received(plan, ids[:hi], local + received)
+                marks.append(("keep_received", time.perf_counter()))
+            if batched:
+                output, cache = req.result(), req.cache
+            else:
+                output = [first, *self._decode(cache, first, plan.decode_steps - 1)]
+        finally:
+            if shared is not None:
+                self._prefixes.release(prefix)
         marks.append(("decode", time.perf_counter()))
         # a rebuilt template is approximate: never offer it to later nodes as an exact prefix
-        admit, more = self._keep(plan, ids + output[:-1], pre.cache) if plan.keep and not rebuilt else (None, [])
+        keep = plan.keep and not rebuilt
+        admit, more = self._keep(plan, ids + output[:-1], cache, prefix if shared else []) if keep else (None, [])
         evicted += more
         marks.append(("keep", time.perf_counter()))
         transferred = len(received) * self.config.block_tokens
@@ -191,30 +245,62 @@ class ReplicaWorker:
             phases=tuple((name, t - prev) for (_, prev), (name, t) in zip([("", start), *marks], marks, strict=False)),
         )
 
-    def _prefill(self, plan: NodePlan, ids: list[int], cached: int, cache: Any) -> tuple[Any, int, str]:
-        """Prefill ``ids[cached:]`` on ``cache``. With a template and a non-exact mode, the
-        template is rebuilt from base (+ residual) when the plan says RECONSTRUCT, else computed
-        exactly (and learned from). Returns (prefill, rebuilt tokens, a note or "")."""
+    def _cache_of(self, blocks: list[KVBlock]) -> Any:
+        """A private cache holding ``blocks`` (verified already), or ``None`` for no blocks."""
+        if not blocks:
+            return None
+        return blocks_to_cache(blocks, self.engine.identity, self.engine.config, self.engine.device, verify_bytes=False)
+
+    def _templated(self, plan: NodePlan, ids: list[int], cached: int) -> bool:
+        """Whether the node's template goes through the template KV (rebuilt or learned)."""
         tmpl = plan.template
         start = len(ids) - (tmpl.tokens if tmpl else 0)
-        if self.templates is None or tmpl is None or not tmpl.op or tmpl.tokens < 2 or start <= 0 or cached > start:
+        return not (
+            self.templates is None or tmpl is None or not tmpl.op or tmpl.tokens < 2 or start <= 0 or cached > start
+        )
+
+    def _forward(self, tokens: list[int], cache: Any) -> tuple[int, Any]:
+        """Run ``tokens`` after ``cache`` (a new one when ``None``); returns the greedy next
+        token and the grown cache. Through the engine loop when there is one."""
+        if self.batcher is not None:
+            cache = cache if cache is not None else self.engine.new_cache()
+            return self.batcher.generate(tokens, cache)[0], cache
+        pre = self.engine.prefill(tokens, cache)
+        return int(torch.argmax(pre.logits)), pre.cache
+
+    def _decode(self, cache: Any, first: int, steps: int) -> list[int]:
+        """``steps`` greedy tokens after ``first`` (through the engine loop when there is one)."""
+        if steps <= 0:
+            return []
+        if self.batcher is not None:
+            return self.batcher.generate([first], cache, max_new=steps)
+        return list(self.engine.decode_greedy(cache, first, steps).token_ids)
+
+    def _prefill(self, plan: NodePlan, ids: list[int], cached: int, cache: Any) -> tuple[int, Any, int, str]:
+        """Prefill ``ids[cached:]`` on ``cache``. With a template and a non-exact mode, the
+        template is rebuilt from base (+ residual) when the plan says RECONSTRUCT, else computed
+        exactly (and learned from). Returns (first token, cache, rebuilt tokens, a note or "")."""
+        if not self._templated(plan, ids, cached):
             note = "no template to rebuild; prefilled it" if plan.option is Option.RECONSTRUCT else ""
-            return self.engine.prefill(ids[cached:], cache), 0, note
+            return *self._forward(ids[cached:], cache), 0, note
+        assert self.templates is not None and plan.template is not None
+        tmpl = plan.template
+        start = len(ids) - tmpl.tokens
         key, template = PathKey(tmpl.path, tmpl.op), ids[start:]
         with self._lock:  # NOTE: a replica runs several nodes at once; the template store is shared
             self.templates.prepare(key, template)
-        prefix = self.engine.prefill(ids[cached:start], cache).cache if start > cached else cache
+        prefix = self._forward(ids[cached:start], cache)[1] if start > cached else cache
         if plan.option is Option.RECONSTRUCT:
             rebuilt = self.templates.rebuild(prefix, start, key, template)
             if rebuilt is not None:
-                return self.engine.prefill(ids[-1:], rebuilt), tmpl.tokens - 1, ""
+                return *self._forward(ids[-1:], rebuilt), tmpl.tokens - 1, ""
         note = (
             "the planned base + residual is gone; prefilled the template" if plan.option is Option.RECONSTRUCT else ""
         )
-        pre = self.engine.prefill(template, prefix)
+        first, full = self._forward(template, prefix)
         with self._lock:
-            self.templates.learn(key, pre.cache, start, tmpl.tokens)
-        return pre, 0, note
+            self.templates.learn(key, full, start, tmpl.tokens)
+        return first, full, 0, note
 
     def materialize(self, state_id: str, tokens: Sequence[int]) -> MaterializeResult:
         """Prefill ``tokens`` once and store them as ``state_id`` (the task context root).
@@ -224,7 +310,7 @@ class ReplicaWorker:
         ids = list(tokens)
         self._check_length(len(ids))
         begin = time.perf_counter()
-        blocks = cache_to_blocks(self.engine.prefill(ids).cache, ids, self.engine.identity, self.config.block_tokens)
+        blocks = cache_to_blocks(self._forward(ids, None)[1], ids, self.engine.identity, self.config.block_tokens)
         admit, evicted = self._store_state(blocks, Lineage("materialize"), state_id, ids)
         seconds = time.perf_counter() - begin
         return MaterializeResult(self.config.name, len(ids), seconds, admit is not None,
@@ -258,9 +344,17 @@ class ReplicaWorker:
         return self.engine.kv_bytes_per_token()
 
     # ---- storing and evicting ------------------------------------------------------------
-    def _keep(self, plan: NodePlan, state_tokens: list[int], cache: Any) -> tuple[AdmitEvent | None, list[EvictEvent]]:
-        """Store the node's whole state (KV for every token but the last output) for reuse."""
-        computed = cache_to_blocks(cache, state_tokens, self.engine.identity, self.config.block_tokens)
+    def _keep(self, plan: NodePlan, state_tokens: list[int], cache: Any,
+              prefix: list[KVBlock]) -> tuple[AdmitEvent | None, list[EvictEvent]]:  # fmt: skip
+        """Store the node's whole state (KV for every token but the last output) for reuse:
+        ``prefix`` (stored blocks the node continued; ``cache`` then holds only what follows)
+        plus the blocks cut from ``cache``."""
+        bt, model_key = self.config.block_tokens, self.engine.identity.model_key
+        if prefix:
+            at = len(prefix) * bt
+            computed = prefix + make_blocks(prefix[-1].key, state_tokens[at:], at, stack_cache(cache), model_key, bt)
+        else:
+            computed = cache_to_blocks(cache, state_tokens, self.engine.identity, bt)
         return self._store_state(computed, Lineage("node", plan.parents), plan.state_id, state_tokens)
 
     def _store_state(self, computed: list[Any], lineage: Lineage, state_id: str,
@@ -447,8 +541,23 @@ class ReplicaWorker:
         """What this replica can rebuild from base (+ residual) now (see ``TemplateHolding``)."""
         return self.templates.holdings() if self.templates else ()
 
+    def queue_length(self) -> int:
+        """Node calls in this replica now (receiving, queued in the engine loop or running): what
+        the executor's placement adds to each replica's score."""
+        with self._lock:
+            return self._active
+
+    def memory(self, reset: bool = False) -> tuple[int, int]:
+        """(resident, peak resident) bytes of this process; ``reset`` hands freed memory back to
+        the OS and restarts the peak first (``graphflow bench serve`` measures peak growth)."""
+        if reset:
+            release_freed_memory()
+            reset_peak_rss()
+        return resident_bytes()
+
     def stats(self) -> dict[str, Any]:
         s = self.store.stats()
+        loop = self.batcher
         return {"replica": self.config.name, "model": self.config.model, "used_bytes": s.used_bytes,
                 "capacity_bytes": s.capacity_bytes, "blocks": s.num_blocks, "states": s.num_states,
                 "peak_bytes": s.peak_used_bytes, "transport": self.config.transport,
@@ -456,4 +565,8 @@ class ReplicaWorker:
                 "device": self.config.device,
                 "eviction": self.config.eviction, "threads": torch.get_num_threads(),
                 "prefaulted_bytes": self.prefaulted_bytes,
+                "batching": loop is not None, "batching_off": self.batching_off,
+                "max_batch_tokens": loop.max_batch_tokens if loop else 0,
+                "engine_steps": loop.steps if loop else 0, "peak_rows": loop.peak_rows if loop else 0,
+                "queue": self.queue_length(), "shared_prefix_copies": self._prefixes.built,
                 **(self.templates.stats_dict() if self.templates else {"kv_mode": "exact"})}  # fmt: skip

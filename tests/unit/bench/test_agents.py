@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from graphflow.bench.agents import AgentsPlan, _row, _rss, _Workload
+from graphflow.bench.agents import AgentsPlan, _row, _Workload
 
 
 def test_round_robin_splits_each_roots_agents_over_both_replicas(tiny_engine):
@@ -33,8 +33,3 @@ def test_a_row_takes_as_start_and_the_later_end():
     assert row["a_transfer_s"] == 0.0 and row["b_transfer_s"] == 0.2 and row["a_agents_s"] == 1.5
     assert row["b_busy_s"] == 12.5 - 10.001 and row["a_rss_growth_bytes"] == 0  # a peak below the start is 0
     assert json.loads(row["tokens"]) == [[[1, 2, 3]] * 2] * 2
-
-
-def test_rss_reads_this_process():
-    current, peak = _rss()
-    assert 0 < current <= peak

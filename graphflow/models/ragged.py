@@ -1,0 +1,218 @@
+"""One forward pass over several requests of different lengths (ragged batching).
+
+Each :class:`Row` brings the tokens it adds this step, its own cache (a transformers
+``DynamicCache``, extended in place) and, optionally, a :class:`SharedPrefix`: KV that several
+rows continue (agents fanning out from one context), held once for all of them. The linear
+layers (projections, MLP, norms) run once over every row's tokens packed into one sequence;
+attention runs per row over ``[shared prefix | own cache]``, split in two parts whose results
+are merged by their log-sum-exp (as cascade / shared-prefix attention kernels do). Rows that
+continue one prefix attend over it in a single call with their queries stacked, so the prefix
+is read once per layer per step, never copied per row.
+
+Llama-family decoders (``llama``, ``qwen2`` without sliding windows) are supported: the
+forward reuses the model's own modules (embeddings, rotary embedding, projections, norms,
+MLP, head), so weights, RoPE scaling and biases are the model's. :func:`unsupported` says why
+another model cannot be batched this way (the engine then runs requests one at a time).
+
+Packing changes the shapes the matrix multiplies see, so float rounding can differ from a
+request run alone: greedy tokens match (asserted in tests), logits agree within ~1e-4
+relative to their scale for fp32 (``tests/unit/models/test_ragged.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from graphflow.kv.packing import cache_length
+
+__all__ = ["Row", "SharedPrefix", "attend", "forward_rows", "unsupported"]
+
+_ARCHS = ("llama", "qwen2")
+
+
+@dataclass(eq=False)
+class SharedPrefix:
+    """KV of a prefix several rows continue: per layer ``[1, kv_heads, tokens, head_dim]``."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @classmethod
+    def from_tensor(cls, kv: torch.Tensor, device: str | torch.device = "cpu") -> SharedPrefix:
+        """From ``[layers, 2, kv_heads, tokens, head_dim]`` (one copy, made here)."""
+        full = kv.to(device)
+        return cls(
+            [full[i, 0].unsqueeze(0).contiguous() for i in range(full.shape[0])],
+            [full[i, 1].unsqueeze(0).contiguous() for i in range(full.shape[0])],
+        )
+
+    @property
+    def tokens(self) -> int:
+        return int(self.keys[0].shape[2])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+@dataclass(eq=False)
+class Row:
+    """One request's part of a step: ``tokens`` to run after ``shared`` + ``cache``."""
+
+    tokens: Sequence[int]
+    cache: DynamicCache
+    shared: SharedPrefix | None = None
+    logits: bool = True  # return the last token's logits (a prefill chunk that does not end needs none)
+
+    @property
+    def past(self) -> int:
+        return (self.shared.tokens if self.shared else 0) + cache_length(self.cache)
+
+
+def unsupported(model: nn.Module) -> str:
+    """Why ``model`` cannot run :func:`forward_rows` ("" when it can)."""
+    config = model.config
+    if config.model_type not in _ARCHS:
+        return f"ragged batching supports {', '.join(_ARCHS)} models, not {config.model_type}"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+        return "ragged batching needs full attention in every layer (this model uses sliding windows)"
+    return ""
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` ``[1, heads, t, d]`` over ``k``/``v`` ``[1, kv_heads, s, d]``, and the
+    log-sum-exp of its scores ``[1, heads, t]`` (float32).
+
+    ``causal``: query ``i`` sees keys up to ``s - t + i`` (the queries are the last ``t``
+    positions of the keys); else every key. A causal call is split into the keys before the
+    queries (seen by all) and the ``t × t`` square (causal), merged by log-sum-exp, so no mask
+    is built. Grouped-query heads are folded into the query dimension where every key is seen,
+    so the keys are never repeated per head there.
+    """
+    t, s = q.shape[2], k.shape[2]
+    if not causal or t == 1:
+        return _attend_all(q, k, v, scale)
+    group = q.shape[1] // k.shape[1]
+    square_k = k[:, :, s - t :].repeat_interleave(group, dim=1)
+    square_v = v[:, :, s - t :].repeat_interleave(group, dim=1)
+    square = _flash(q, square_k, square_v, scale, causal=True)
+    return square if s == t else _merge_pair(_attend_all(q, k[:, :, : s - t], v[:, :, : s - t], scale), square)
+
+
+def _attend_all(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every query over every key, grouped-query heads folded into the query dimension."""
+    _, heads, t, d = q.shape
+    kv_heads = k.shape[1]
+    out, lse = _flash(q.reshape(1, kv_heads, heads // kv_heads * t, d), k, v, scale, causal=False)
+    return out.reshape(1, heads, t, d), lse.reshape(1, heads, t)
+
+
+def _flash(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, float32 log-sum-exp) with the CPU flash kernel, or plain matrix multiplies
+    elsewhere; ``causal`` (top-left aligned) only for square problems."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+        return out, lse.float()
+    mask = None
+    if causal:
+        t = q.shape[2]
+        mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril_().logical_not_()
+    return _attend_matmul(q, k, v, scale, mask)
+
+
+def _merge_pair(
+    a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    total = torch.logaddexp(a[1], b[1])
+    out = a[0].float() * torch.exp(a[1] - total).unsqueeze(-1) + b[0].float() * torch.exp(b[1] - total).unsqueeze(-1)
+    return out.to(a[0].dtype), total
+
+
+def _attend_matmul(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, masked: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention by plain matrix multiplies in float32 (``masked``: ``True`` where a query must
+    not see a key)."""
+    scores = torch.matmul(q.float(), k.float().transpose(2, 3)) * scale
+    if masked is not None:
+        scores = scores.masked_fill(masked, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1))
+    return torch.matmul(probs, v.float()).to(q.dtype), lse
+
+
+def merge(parts: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Attention over the union of disjoint key sets, from each part's (output, log-sum-exp)."""
+    merged = parts[0]
+    for part in parts[1:]:
+        merged = _merge_pair(merged, part)
+    return merged[0]
+
+
+@torch.inference_mode()
+def forward_rows(model: nn.Module, rows: Sequence[Row]) -> list[torch.Tensor | None]:
+    """One forward over ``rows`` (see the module docstring): each row's cache grows by its
+    tokens; returns each row's last-token logits ``[vocab]`` (float32), ``None`` where the row
+    asked for none."""
+    why = unsupported(model)
+    if why:
+        raise ValueError(why)
+    if not rows or any(not r.tokens for r in rows):
+        raise ValueError("forward_rows needs one or more rows, each with at least one token")
+    base, device = model.model, model.lm_head.weight.device
+    lengths = [len(r.tokens) for r in rows]
+    bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    ids = torch.tensor([t for r in rows for t in r.tokens], dtype=torch.long, device=device)[None]
+    positions = torch.cat([torch.arange(r.past, r.past + n, device=device) for r, n in zip(rows, lengths, strict=True)])
+    hidden = base.embed_tokens(ids)
+    cos, sin = base.rotary_emb(hidden, positions[None])
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.shared is not None:
+            groups.setdefault(id(r.shared), []).append(i)
+    for layer_idx, layer in enumerate(base.layers[: model.config.num_hidden_layers]):
+        attn = layer.self_attn
+        h = layer.input_layernorm(hidden)
+        q = attn.q_proj(h).view(1, -1, model.config.num_attention_heads, attn.head_dim).transpose(1, 2)
+        k = attn.k_proj(h).view(1, -1, model.config.num_key_value_heads, attn.head_dim).transpose(1, 2)
+        v = attn.v_proj(h).view(1, -1, model.config.num_key_value_heads, attn.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in rows]
+        for members in groups.values():  # the shared prefix: once for every row continuing it
+            prefix = rows[members[0]].shared
+            assert prefix is not None
+            stacked = torch.cat([q[:, :, bounds[i] : bounds[i + 1]] for i in members], dim=2)
+            out, lse = attend(stacked, prefix.keys[layer_idx], prefix.values[layer_idx], attn.scaling, causal=False)
+            at = 0
+            for i in members:
+                parts[i].append((out[:, :, at : at + lengths[i]], lse[:, :, at : at + lengths[i]]))
+                at += lengths[i]
+        outs = []
+        for i, r in enumerate(rows):
+            a, b = bounds[i], bounds[i + 1]
+            keys, values = r.cache.update(k[:, :, a:b], v[:, :, a:b], layer_idx)
+            parts[i].append(attend(q[:, :, a:b], keys, values, attn.scaling, causal=True))
+            outs.append(merge(parts[i]))
+        mixed = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, ids.shape[1], -1)
+        hidden = hidden + attn.o_proj(mixed)
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    wanted = [i for i, r in enumerate(rows) if r.logits]
+    result: list[torch.Tensor | None] = [None] * len(rows)
+    if wanted:
+        last = base.norm(hidden[0, [bounds[i + 1] - 1 for i in wanted]])
+        logits = model.lm_head(last).float()
+        for j, i in enumerate(wanted):
+            result[i] = logits[j]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return result

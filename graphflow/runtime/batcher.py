@@ -1,0 +1,269 @@
+"""A replica's engine loop: node requests share forward passes, step by step.
+
+Requests enter a bounded queue. Each step the loop runs one ragged forward
+(:func:`graphflow.models.ragged.forward_rows`) over every running request: one token for each
+request that is decoding, then chunks of pending prefill, shortest first, until the step holds
+``max_batch_tokens`` tokens. A request leaves as soon as it has its tokens; a new one joins at
+the next step. A long prefill therefore runs in chunks between the decodes and short prefills
+that arrive meanwhile (head-of-line blocking bounded by one step).
+
+Design kept, and why (measured on this 2-core CPU with SmolLM2-135M; the served benchmark's
+table is in ``experiments/throughput/README.md``):
+
+* **per-row caches with the linear layers packed** (vLLM's varlen layout, without its
+  kernels): each request keeps its own ``DynamicCache`` and attends over it alone, so rows of
+  any length share a step with no padding and no attention mask, and a request's KV is never
+  copied into a batch tensor. A 16-row decode step at a 1,024-token context took 0.21 s
+  packed against 2.8 s as 16 single-row forwards.
+* **padding + attention masks** (``Engine.decode_rows`` with ``packing.batch_cache``) needs one
+  batch cache of equal lengths: every row's root copied into it and re-copied as rows join or
+  leave, which is what kept the scripted agents' peak at 0.63× dense.
+* **transformers' continuous batching** (``generate_batch`` with its paged cache) runs its own
+  request manager and cache and cannot start from KV the replica received or kept; on this CPU
+  it needs ``attn_implementation="paged|eager"`` and ran slower than the packed forward.
+* **shared prefix**: requests that continue one stored prefix read one copy of it
+  (:class:`~graphflow.models.ragged.SharedPrefix`), attended once per layer for all of them and
+  merged with each row's own suffix by log-sum-exp.
+
+The loop is a plain class: :meth:`Batcher.step` runs one step (tests drive it directly);
+:meth:`Batcher.start` runs steps on a thread of its own until :meth:`Batcher.stop`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from graphflow.models.engine import Engine
+from graphflow.models.ragged import Row, SharedPrefix, forward_rows, unsupported
+
+__all__ = ["Batcher", "BatcherFull", "Request"]
+
+
+class BatcherFull(Exception):
+    """The queue holds its bound of requests; retry when one finishes."""
+
+
+@dataclass(eq=False)
+class Request:
+    """Run ``tokens`` after ``shared`` + ``cache``, then greedily generate until ``max_new``
+    tokens exist (the first one from the last prompt token's logits). ``cache`` ends holding
+    every token but the last generated one, as ``Engine.decode_greedy`` leaves it."""
+
+    tokens: list[int]
+    cache: DynamicCache
+    shared: SharedPrefix | None
+    max_new: int
+    submitted_at: float = 0.0
+    first_token_at: float = 0.0  # clock time the first token was ready (0: not yet)
+    output: list[int] = field(default_factory=list)
+    _fed: int = 0  # prompt tokens already run
+    _done: threading.Event = field(default_factory=threading.Event)
+    _first: threading.Event = field(default_factory=threading.Event)
+    _error: BaseException | None = None
+
+    @property
+    def prefill_left(self) -> int:
+        return len(self.tokens) - self._fed
+
+    def wait_first(self, timeout: float | None = None) -> int:
+        """Block until the first token exists; returns it."""
+        if not self._first.wait(timeout):
+            raise TimeoutError("the engine loop produced no first token in time")
+        self._raise()
+        return self.output[0]
+
+    def result(self, timeout: float | None = None) -> list[int]:
+        """Block until every token exists; returns them (raises what the forward raised)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError("the engine loop did not finish the request in time")
+        self._raise()
+        return list(self.output)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        if self._done.is_set():  # NOTE: stop() may fail a request the running step then finishes
+            return
+        self._error = error
+        self._first.set()
+        self._done.set()
+
+
+class Batcher:
+    """The engine loop of one replica (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        max_batch_tokens: int = 256,
+        max_rows: int = 32,
+        max_queue: int = 64,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        why = unsupported(engine.model)
+        if why:
+            raise ValueError(why)
+        if max_rows < 1 or max_queue < 1 or max_batch_tokens <= max_rows:
+            raise ValueError(
+                f"need max_rows ≥ 1, max_queue ≥ 1 and max_batch_tokens > max_rows (a step must hold "
+                f"every decode and some prefill), got {max_batch_tokens}, {max_rows}, {max_queue}"
+            )
+        self.engine = engine
+        self.max_batch_tokens = max_batch_tokens
+        self.max_rows = max_rows
+        self.max_queue = max_queue
+        self.clock = clock
+        self._waiting: list[Request] = []
+        self._running: list[Request] = []
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.steps = 0
+        self.peak_rows = 0
+        self.peak_queue = 0
+
+    # ---- requests ------------------------------------------------------------------------
+    def submit(
+        self,
+        tokens: Sequence[int],
+        cache: DynamicCache | None = None,
+        shared: SharedPrefix | None = None,
+        max_new: int = 1,
+    ) -> Request:
+        """Queue a request (see :class:`Request`); raises ``BatcherFull`` at the queue's bound."""
+        if not tokens:
+            raise ValueError("a request needs at least one token to run")
+        if max_new < 1:
+            raise ValueError(f"max_new must be at least 1, got {max_new}")
+        req = Request(
+            list(tokens),
+            cache if cache is not None else self.engine.new_cache(),
+            shared,
+            max_new,
+            submitted_at=self.clock(),
+        )
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the engine loop was stopped")
+            if len(self._waiting) + len(self._running) >= self.max_queue:
+                raise BatcherFull(f"the engine queue holds its bound of {self.max_queue} requests")
+            self._waiting.append(req)
+            self.peak_queue = max(self.peak_queue, len(self._waiting) + len(self._running))
+            self._cv.notify_all()
+        return req
+
+    def generate(
+        self,
+        tokens: Sequence[int],
+        cache: DynamicCache | None = None,
+        shared: SharedPrefix | None = None,
+        max_new: int = 1,
+    ) -> list[int]:
+        """:meth:`submit` and wait for the tokens (the loop must be running)."""
+        return self.submit(tokens, cache, shared, max_new).result()
+
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting or running."""
+        with self._cv:
+            return len(self._waiting) + len(self._running)
+
+    @property
+    def pending_prefill_tokens(self) -> int:
+        with self._cv:
+            return sum(r.prefill_left for r in (*self._waiting, *self._running))
+
+    # ---- the loop ------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """One forward over the running requests (admitting waiting ones first); returns the
+        requests that finished in it."""
+        with self._cv:
+            room = self.max_rows - len(self._running)
+            self._running += self._waiting[:room]
+            del self._waiting[:room]
+            batch = self._plan()
+            self.peak_rows = max(self.peak_rows, len(batch))
+        if not batch:
+            return []
+        rows = [Row(tokens, r.cache, r.shared, logits=r._fed + len(tokens) >= len(r.tokens)) for r, tokens in batch]
+        try:
+            logits = forward_rows(self.engine.model, rows)
+        except Exception as exc:  # every request of the step gets the error; the loop goes on
+            finished = [r for r, _ in batch]
+            with self._cv:
+                self._running = [r for r in self._running if r not in finished]
+            for r in finished:
+                r._finish(exc)
+            return finished
+        now = self.clock()
+        finished = []
+        for (r, tokens), out in zip(batch, logits, strict=True):
+            r._fed += len(tokens) if r.prefill_left else 0
+            if out is None:
+                continue
+            r.output.append(int(torch.argmax(out)))
+            if len(r.output) == 1:
+                r.first_token_at = now
+                r._first.set()
+            if len(r.output) >= r.max_new:
+                finished.append(r)
+        with self._cv:
+            self._running = [r for r in self._running if r not in finished]
+            self.steps += 1
+        for r in finished:
+            r._finish()
+        return finished
+
+    def _plan(self) -> list[tuple[Request, list[int]]]:
+        """This step's rows: every decoding request's last token, then prefill chunks, fewest
+        remaining tokens first, within ``max_batch_tokens`` (the caller holds the lock)."""
+        batch = [(r, [r.output[-1]]) for r in self._running if not r.prefill_left]
+        budget = self.max_batch_tokens - len(batch)
+        for r in sorted((r for r in self._running if r.prefill_left), key=lambda r: r.prefill_left):
+            if budget <= 0:
+                break
+            chunk = r.tokens[r._fed : r._fed + budget]
+            batch.append((r, chunk))
+            budget -= len(chunk)
+        return batch
+
+    def start(self) -> None:
+        """Run steps on a daemon thread while there is work."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="graphflow-engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish the loop thread; requests still queued fail with ``RuntimeError``."""
+        with self._cv:
+            self._stopping = True
+            left = self._waiting + self._running
+            self._waiting, self._running = [], []
+            self._cv.notify_all()
+        for r in left:
+            r._finish(RuntimeError("the engine loop was stopped"))
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and not (self._waiting or self._running):
+                    self._cv.wait()
+                if self._stopping:
+                    return
+            self.step()

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphflow.kv.packing import cache_length, stack_cache
+from graphflow.models import prompt_token_ids
+from graphflow.models.ragged import Row, SharedPrefix, attend, forward_rows, merge, unsupported
+
+TOL = 1e-5  # fp32 logits of the tiny models: packing only reorders the multiplies' sums
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def engine(request, tiny_engine, tiny_qwen_engine):
+    return tiny_engine if request.param == "llama" else tiny_qwen_engine
+
+
+def test_rows_of_different_lengths_get_what_each_gets_alone(engine):
+    prompts = [prompt_token_ids(engine.tokenizer, n) for n in (37, 5, 64)]
+    alone = [engine.prefill(p) for p in prompts]
+    rows = [Row(p, engine.new_cache()) for p in prompts]
+    logits = forward_rows(engine.model, rows)
+    for a, got, row in zip(alone, logits, rows, strict=True):
+        assert torch.allclose(got, a.logits, atol=TOL)
+        assert int(got.argmax()) == int(a.logits.argmax())
+        assert torch.allclose(stack_cache(row.cache), stack_cache(a.cache), atol=TOL)
+
+
+def test_packed_decode_continues_each_row_as_alone(engine):
+    prompts = [prompt_token_ids(engine.tokenizer, n) for n in (20, 48)]
+    alone = []
+    for p in prompts:
+        pre = engine.prefill(p)
+        first = int(pre.logits.argmax())
+        alone.append([first, *engine.decode_greedy(pre.cache, first, 6).token_ids])
+    rows = [Row(p, engine.new_cache()) for p in prompts]
+    got = [[int(x.argmax())] for x in forward_rows(engine.model, rows)]
+    for _ in range(6):
+        out = forward_rows(engine.model, [Row([g[-1]], r.cache) for g, r in zip(got, rows, strict=True)])
+        for g, x in zip(got, out, strict=True):
+            g.append(int(x.argmax()))
+    assert got == alone
+
+
+def test_shared_prefix_equals_attention_over_the_concatenated_cache(engine):
+    root = prompt_token_ids(engine.tokenizer, 48)
+    prefix = SharedPrefix.from_tensor(stack_cache(engine.prefill(root).cache))
+    suffixes = [prompt_token_ids(engine.tokenizer, n)[-n:] for n in (9, 1, 17)]
+    rows = [Row(s, engine.new_cache(), prefix) for s in suffixes]
+    logits = forward_rows(engine.model, rows)
+    for s, got, row in zip(suffixes, logits, rows, strict=True):
+        full = engine.prefill(root + s)
+        assert torch.allclose(got, full.logits, atol=TOL)
+        assert cache_length(row.cache) == len(s)  # the row holds its suffix only
+        assert torch.allclose(stack_cache(row.cache), stack_cache(full.cache, 48), atol=TOL)
+    assert prefix.tokens == 48
+
+
+def test_a_prefill_chunk_that_does_not_end_returns_no_logits(tiny_engine):
+    ids = prompt_token_ids(tiny_engine.tokenizer, 40)
+    cache = tiny_engine.new_cache()
+    assert forward_rows(tiny_engine.model, [Row(ids[:24], cache, logits=False)]) == [None]
+    last = forward_rows(tiny_engine.model, [Row(ids[24:], cache)])[0]
+    assert torch.allclose(last, tiny_engine.prefill(ids).logits, atol=TOL)
+
+
+def test_split_attention_merged_by_log_sum_exp_equals_full_attention():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 6, 5, 8), torch.randn(1, 2, 30, 8), torch.randn(1, 2, 30, 8)
+    full, full_lse = attend(q, k, v, 0.35, causal=True)
+    head = attend(q, k[:, :, :12], v[:, :, :12], 0.35, causal=False)
+    tail = attend(q, k[:, :, 12:], v[:, :, 12:], 0.35, causal=True)
+    assert torch.allclose(merge([head, tail]), full, atol=1e-6)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q,
+        k.repeat_interleave(3, 1),
+        v.repeat_interleave(3, 1),
+        scale=0.35,
+        attn_mask=torch.ones(5, 30, dtype=torch.bool).tril(25),
+    )
+    assert torch.allclose(full, ref, atol=1e-6)
+    scores = (q @ k.repeat_interleave(3, 1).transpose(2, 3)) * 0.35
+    assert torch.allclose(
+        full_lse,
+        torch.logsumexp(scores.masked_fill(~torch.ones(5, 30, dtype=torch.bool).tril(25), float("-inf")), -1),
+        atol=1e-5,
+    )
+
+
+def test_rejects_what_it_cannot_batch(tiny_engine):
+    with pytest.raises(ValueError, match="at least one token"):
+        forward_rows(tiny_engine.model, [Row([], tiny_engine.new_cache())])
+    assert unsupported(tiny_engine.model) == ""
+
+
+def test_the_shared_prefix_is_not_copied_per_row(tiny_engine):
+    root = tiny_engine.prefill(prompt_token_ids(tiny_engine.tokenizer, 64))
+    prefix = SharedPrefix.from_tensor(stack_cache(root.cache))
+    before = [t.data_ptr() for t in prefix.keys]
+    rows = [Row([5, 6], tiny_engine.new_cache(), prefix) for _ in range(4)]
+    forward_rows(tiny_engine.model, rows)
+    assert [t.data_ptr() for t in prefix.keys] == before and prefix.tokens == 64
+    assert all(cache_length(r.cache) == 2 for r in rows)

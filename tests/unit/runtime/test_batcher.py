@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from graphflow.kv.packing import cache_length, stack_cache
+from graphflow.models import prompt_token_ids
+from graphflow.models.ragged import SharedPrefix
+from graphflow.runtime.batcher import Batcher, BatcherFull
+
+
+def alone(engine, prompt, n):
+    pre = engine.prefill(prompt)
+    first = int(pre.logits.argmax())
+    return [first, *engine.decode_greedy(pre.cache, first, n - 1).token_ids] if n > 1 else [first]
+
+
+def drain(batcher, limit=500):
+    for _ in range(limit):
+        if not batcher.queue_length:
+            return
+        batcher.step()
+    raise AssertionError("the loop did not drain")
+
+
+def test_rows_of_different_lengths_each_get_their_tokens_alone(tiny_engine):
+    b = Batcher(tiny_engine, max_batch_tokens=24, max_rows=4)
+    prompts = [prompt_token_ids(tiny_engine.tokenizer, n) for n in (70, 9, 33)]
+    reqs = [b.submit(p, max_new=n) for p, n in zip(prompts, (5, 8, 1), strict=True)]
+    drain(b)
+    assert [r.result() for r in reqs] == [alone(tiny_engine, p, n) for p, n in zip(prompts, (5, 8, 1), strict=True)]
+    assert b.peak_rows == 3
+
+
+def test_requests_join_mid_batch_and_finished_ones_leave_without_disturbing_others(tiny_engine):
+    b = Batcher(tiny_engine, max_batch_tokens=32, max_rows=4)
+    p1, p2, p3 = (prompt_token_ids(tiny_engine.tokenizer, n) for n in (20, 40, 12))
+    r1 = b.submit(p1, max_new=3)
+    r2 = b.submit(p2, max_new=10)
+    for _ in range(3):
+        b.step()
+    assert r1.done and not r2.done  # r1 left; r2 still decodes
+    r3 = b.submit(p3, max_new=4)  # joins while r2 runs
+    drain(b)
+    assert r1.result() == alone(tiny_engine, p1, 3)
+    assert r2.result() == alone(tiny_engine, p2, 10)
+    assert r3.result() == alone(tiny_engine, p3, 4)
+
+
+def test_a_long_prefill_runs_in_chunks_while_a_short_request_finishes(tiny_engine):
+    b = Batcher(tiny_engine, max_batch_tokens=16, max_rows=4)
+    long = b.submit(prompt_token_ids(tiny_engine.tokenizer, 160), max_new=2)
+    b.step()
+    short = b.submit(prompt_token_ids(tiny_engine.tokenizer, 6), max_new=1)
+    steps = 0
+    while not short.done:
+        b.step()
+        steps += 1
+    assert steps == 1 and not long.done  # head-of-line blocking: one step, not the whole prefill
+    drain(b)
+    assert long.result() == alone(tiny_engine, prompt_token_ids(tiny_engine.tokenizer, 160), 2)
+    assert b.steps >= 160 // 16
+
+
+def test_requests_over_one_shared_prefix_match_full_prefill(tiny_engine):
+    root = prompt_token_ids(tiny_engine.tokenizer, 64)
+    prefix = SharedPrefix.from_tensor(stack_cache(tiny_engine.prefill(root).cache))
+    suffixes = [prompt_token_ids(tiny_engine.tokenizer, 64 + n)[64:] for n in (4, 11, 7)]
+    b = Batcher(tiny_engine, max_batch_tokens=32, max_rows=4)
+    reqs = [b.submit(s, shared=prefix, max_new=5) for s in suffixes]
+    drain(b)
+    for s, r in zip(suffixes, reqs, strict=True):
+        assert r.result() == alone(tiny_engine, root + s, 5)
+        assert cache_length(r.cache) == len(s) + 4  # its suffix and its outputs but the last: no root copy
+
+
+def test_the_queue_never_exceeds_its_bound(tiny_engine):
+    b = Batcher(tiny_engine, max_batch_tokens=16, max_rows=2, max_queue=3)
+    reqs = [b.submit([1, 2, 3], max_new=2) for _ in range(3)]
+    with pytest.raises(BatcherFull):
+        b.submit([1, 2, 3])
+    assert b.queue_length == 3 and b.peak_queue == 3
+    b.step()
+    assert b.queue_length == 3  # two run, one waits (max_rows)
+    drain(b)
+    assert all(r.done for r in reqs) and b.peak_rows <= 2
+    b.submit([4, 5])  # room again
+
+
+def test_the_loop_thread_serves_concurrent_callers(tiny_engine):
+    b = Batcher(tiny_engine, max_batch_tokens=64)
+    b.start()
+    prompts = [prompt_token_ids(tiny_engine.tokenizer, n) for n in (10, 30, 50, 70)]
+    got: dict[int, list[int]] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: got.__setitem__(i, b.generate(prompts[i], max_new=4))) for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    b.stop()
+    assert got == {i: alone(tiny_engine, p, 4) for i, p in enumerate(prompts)}
+    with pytest.raises(RuntimeError, match="stopped"):
+        b.submit([1])
+
+
+def test_bad_requests_and_settings_are_refused(tiny_engine):
+    with pytest.raises(ValueError, match="max_batch_tokens > max_rows"):
+        Batcher(tiny_engine, max_batch_tokens=4, max_rows=4)
+    b = Batcher(tiny_engine)
+    with pytest.raises(ValueError, match="at least one token"):
+        b.submit([])
+    with pytest.raises(ValueError, match="max_new"):
+        b.submit([1], max_new=0)
