@@ -367,6 +367,58 @@ def bench_prefill_cmd(
     out.print(table)
 
 
+@bench_app.command("serve")
+@_user_errors
+def bench_serve_cmd(
+    model: str = typer.Option("smollm2-135m", help="Model every replica serves."),
+    replicas: int = typer.Option(2, help="Replica actors of the embedded deployment."),
+    workflows: str = typer.Option("1,4,16", help="Comma-separated counts of concurrent workflows."),
+    root_tokens: int = typer.Option(1024, help="Each workflow's context, computed upstream on replica 0."),
+    agents: int = typer.Option(2, help="Agent nodes per workflow."),
+    decode: int = typer.Option(32, help="Tokens each agent generates."),
+    threads: int = typer.Option(1, help="Torch threads per replica (the scripted job uses 1)."),
+    max_batch_tokens: int = typer.Option(256, help="Tokens one engine step runs (batching on)."),
+    memory_agents: int = typer.Option(16, help="Agents over one shared root for the memory rows (0 = skip)."),
+    memory_root: int = typer.Option(4096, help="That shared root's tokens."),
+    hol_prefill: int = typer.Option(4096, help="Long prefill a short node arrives during (0 = skip)."),
+    no_batching: bool = typer.Option(False, "--no-batching", help="Only the unbatched served path."),
+    no_reference: bool = typer.Option(False, "--no-reference", help="Only the batched path (no unbatched rows)."),
+    scripted: bool = typer.Option(False, "--scripted", help="Also run the scripted agents job (largest count)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """The served path end to end (embedded Ray): tokens/s and TTFT under concurrent workflows,
+    peak memory of agents over one root, a short node's TTFT during a long prefill; batching
+    on and off in the same run."""
+    from graphflow.bench.serve import run_serve_bench
+
+    if no_batching and no_reference:
+        raise ValueError("--no-batching and --no-reference leave nothing to run; pass at most one")
+    modes = (False,) if no_batching else (True,) if no_reference else (True, False)
+    result = run_serve_bench(model, replicas, _ints(workflows, "--workflows"), root_tokens, agents, decode, modes,
+                             threads, max_batch_tokens, memory_agents, memory_root, hol_prefill, scripted,
+                             say=_say(json_out))  # fmt: skip
+    if json_out:
+        _emit(result)
+        return
+    table = Table("batching", "workflows", "agents", "tok/s", "TTFT p50 s", "TTFT p99 s", "peak RSS MiB",
+                  "KV MiB", title=f"bench serve: {model}")  # fmt: skip
+    for r in result["rows"]:
+        table.add_row("on" if r["batching"] else "off", str(r["workflows"]), str(r["agents"]),
+                      f"{r['tokens_per_s']:.1f}", f"{r['ttft_p50_s']:.3f}", f"{r['ttft_p99_s']:.3f}",
+                      f"{r['peak_rss_bytes'] / 2**20:.0f}", f"{r['kv_bytes'] / 2**20:.0f}")  # fmt: skip
+    out.print(table)
+    for w, x in result["speedup_vs_unbatched"].items():
+        out.print(f"{w} workflows: {x:.2f}× the unbatched served path")
+    for m in result.get("memory", []):
+        mode = f"batching {'on' if m['batching'] else 'off'}, reuse {'on' if m['reuse'] else 'off (dense)'}"
+        out.print(f"{m['agents']} agents over {m['root_tokens']} tokens, {mode}: "
+                  f"peak growth {m['peak_rss_bytes'] / 2**20:.0f} MiB")  # fmt: skip
+    for h in result.get("head_of_line", []):
+        out.print(f"short node TTFT p99, batching {'on' if h['batching'] else 'off'}: idle {h['idle_p99_s']:.3f} s, "
+                  f"during a {h['prefill_tokens']}-token prefill {h['loaded_p99_s']:.3f} s "
+                  f"({h['ratio_p99']:.2f}×, {len(h['loaded_ttft_s'])} samples)")  # fmt: skip
+
+
 @app.command("calibrate")
 @_user_errors
 def calibrate_cmd(

@@ -186,7 +186,7 @@ class WorkflowExecutor:
         self._refresh_info()
         traces: list[NodeTrace] = []
         if reuse:
-            traces.append(self._materialize_root(f"{run_id}:{ROOT}", task_ids, pin.get(ROOT, "")))
+            traces.append(self.materialize_root(f"{run_id}:{ROOT}", task_ids, pin.get(ROOT, "")))
         tokens: dict[str, list[int]] = {ROOT: list(task_ids)}
         results: dict[str, NodeResult] = {}
         outputs: dict[str, tuple[int, ...]] = {}
@@ -348,8 +348,9 @@ class WorkflowExecutor:
                          d.option.value if ran is not d.option else "", decide_s, latency_s,
                          res.phases)  # fmt: skip
 
-    def _materialize_root(self, root: str, task_ids: Sequence[int], pinned: str = "") -> NodeTrace:
-        """Prefill the task context once, on ``pinned`` if set (else the first live replica)."""
+    def materialize_root(self, root: str, task_ids: Sequence[int], pinned: str = "") -> NodeTrace:
+        """Prefill the task context once as state ``root``, on ``pinned`` if set (else the first
+        live replica); blocks the replica already holds are reused (a context computed upstream)."""
         c = self.cluster
         for replica in sorted(c.replicas, key=lambda r: r != pinned):
             try:
@@ -361,8 +362,9 @@ class WorkflowExecutor:
                 continue
             c.manager("apply", list(got.events), self.clock())
             note = "" if got.kept else "larger than the replica's store: not kept, nodes prefill it"
-            return NodeTrace(ROOT, replica, MATERIALIZE, "", self.policy.prefill(got.tokens), got.seconds, got.seconds,
-                             0, got.tokens, 0, got.tokens, "", note)  # fmt: skip
+            n = got.tokens - got.reused
+            return NodeTrace(ROOT, replica, MATERIALIZE, "", self.policy.prefill(n), got.seconds, got.seconds,
+                             0, n, got.reused, got.tokens, "", note)  # fmt: skip
         raise RuntimeError("every replica failed; restart the deployment (`graphflow serve`)")
 
     # ---- failures ------------------------------------------------------------------------

@@ -100,3 +100,4 @@ class MaterializeResult:
     seconds: float
     kept: bool  # False: larger than the replica's whole store (nodes will prefill it)
     events: tuple[AdmitEvent | EvictEvent, ...] = field(default=(), compare=False)
+    reused: int = 0  # leading tokens the replica already held (a context computed upstream), not prefilled

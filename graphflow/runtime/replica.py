@@ -303,18 +303,31 @@ class ReplicaWorker:
         return first, full, 0, note
 
     def materialize(self, state_id: str, tokens: Sequence[int]) -> MaterializeResult:
-        """Prefill ``tokens`` once and store them as ``state_id`` (the task context root).
+        """Prefill ``tokens`` once and store them as ``state_id`` (the task context root); the
+        leading blocks this replica already holds (a context computed upstream, or submitted
+        again) are reused, not prefilled.
 
         Returns the seconds it took and the events for the manager: states evicted to make
         room, then the admit (none when the state is larger than the whole store)."""
         ids = list(tokens)
         self._check_length(len(ids))
         begin = time.perf_counter()
-        blocks = cache_to_blocks(self._forward(ids, None)[1], ids, self.engine.identity, self.config.block_tokens)
-        admit, evicted = self._store_state(blocks, Lineage("materialize"), state_id, ids)
+        local, evicted = self._local_prefix(ids, len(ids))
+        cached = len(local) * self.config.block_tokens
+        if self.batcher is not None and local:
+            shared = self._prefixes.acquire(local)
+            try:
+                req = self.batcher.submit(ids[cached:], None, shared, 1)
+                req.result()
+            finally:
+                self._prefixes.release(local)
+            blocks = self._cut(ids, req.cache, local)
+        else:
+            blocks = self._cut(ids, self._forward(ids[cached:], self._cache_of(local))[1], [])
+        admit, more = self._store_state(blocks, Lineage("materialize"), state_id, ids)
         seconds = time.perf_counter() - begin
-        return MaterializeResult(self.config.name, len(ids), seconds, admit is not None,
-                                 (*evicted, *([admit] if admit else [])))  # fmt: skip
+        events = (*evicted, *more, *([admit] if admit else []))
+        return MaterializeResult(self.config.name, len(ids), seconds, admit is not None, events, reused=cached)
 
     def prefill_seconds(self, lengths: Sequence[int], repeats: int = 2) -> list[tuple[int, float]]:
         """Measured prefill times (median of ``repeats`` after a warm-up) for calibration."""
@@ -349,13 +362,18 @@ class ReplicaWorker:
         """Store the node's whole state (KV for every token but the last output) for reuse:
         ``prefix`` (stored blocks the node continued; ``cache`` then holds only what follows)
         plus the blocks cut from ``cache``."""
+        return self._store_state(
+            self._cut(state_tokens, cache, prefix), Lineage("node", plan.parents), plan.state_id, state_tokens
+        )
+
+    def _cut(self, state_tokens: list[int], cache: Any, prefix: list[KVBlock]) -> list[KVBlock]:
+        """The blocks of ``state_tokens``: ``prefix`` (stored blocks) plus ``cache`` cut into blocks
+        (``cache`` holds the tokens after the prefix, or all of them when there is none)."""
         bt, model_key = self.config.block_tokens, self.engine.identity.model_key
-        if prefix:
-            at = len(prefix) * bt
-            computed = prefix + make_blocks(prefix[-1].key, state_tokens[at:], at, stack_cache(cache), model_key, bt)
-        else:
-            computed = cache_to_blocks(cache, state_tokens, self.engine.identity, bt)
-        return self._store_state(computed, Lineage("node", plan.parents), plan.state_id, state_tokens)
+        if not prefix:
+            return cache_to_blocks(cache, state_tokens, self.engine.identity, bt)
+        at = len(prefix) * bt
+        return prefix + make_blocks(prefix[-1].key, state_tokens[at:], at, stack_cache(cache), model_key, bt)
 
     def _store_state(self, computed: list[Any], lineage: Lineage, state_id: str,
                      tokens: Sequence[int]) -> tuple[AdmitEvent | None, list[EvictEvent]]:  # fmt: skip

@@ -108,3 +108,21 @@ def test_pinned_nodes_run_where_pinned_and_the_scheduler_still_moves_their_kv(cl
         ex.run(gs, ids, "t6", pin={"nope": "replica-0"})
     with pytest.raises(ValueError, match="the deployment's replicas are"):
         ex.run(gs, ids, "t6", pin={first: "replica-9"})
+
+
+def test_a_context_computed_upstream_is_not_prefilled_again(cluster):
+    ex = _executor(cluster, link_bw=1e3, prefill_b=1e-4)
+    ids = cluster.workers["replica-0"].encode("(upstream) " + TASK)
+    first = ex.materialize_root("up:ROOT", ids, "replica-0")
+    again = ex.materialize_root("again:ROOT", ids, "replica-0")
+    assert first.prefill_tokens == len(ids) and first.prefill_tokens_saved == 0
+    bt = cluster.workers["replica-0"].config.block_tokens
+    assert again.prefill_tokens_saved == (len(ids) - 1) // bt * bt and again.prefill_tokens < bt + 1
+    gs = compile_workflow(references(load_corpus())["GSM8K"])
+    on = ex.run(gs, ids, "t-upstream", pin={"ROOT": "replica-0"})
+    assert on.outputs == ex.run(gs, ids, "t-upstream-off", reuse=False).outputs
+
+
+def test_placement_counts_the_replicas_queues(cluster):
+    assert cluster.queue_lengths() == {"replica-0": 0, "replica-1": 0}
+    assert all(s["batching"] and s["queue"] == 0 for s in cluster.stats())

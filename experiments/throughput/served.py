@@ -1,0 +1,130 @@
+"""The served benchmark (``graphflow bench serve``) at the issue's sizes, with provenance.
+
+``python -m experiments.throughput.served [--quick] [--json]`` runs
+:func:`graphflow.bench.serve.run_serve_bench` (embedded Ray, the served path end to end,
+batching on and off in the same run, plus the scripted agents job for comparison) and writes
+``results/served/bench_serve.json``, ``meta.json`` and the README's served table. ``--quick``
+(tiny sizes, a random tiny model) writes under ``out/served-quick/`` and never touches
+committed results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from experiments.common import replace_section, write_meta
+from graphflow.bench.serve import run_serve_bench
+
+HERE = Path(__file__).parent
+FULL = {
+    "model": "smollm2-135m",
+    "workflows": (1, 4, 16),
+    "root_tokens": 1024,
+    "agents": 2,
+    "decode": 32,
+    "memory_agents": 16,
+    "memory_root": 4096,
+    "hol_prefill": 4096,
+    "threads": 1,
+    "max_batch_tokens": 256,
+}
+QUICK = {
+    **FULL,
+    "model": "tiny-llama",
+    "workflows": (1, 4),
+    "root_tokens": 256,
+    "decode": 8,
+    "memory_agents": 4,
+    "memory_root": 512,
+    "hol_prefill": 1024,
+}
+
+
+def table(result: dict[str, Any], settings: dict[str, Any]) -> str:
+    lines = [
+        "| batching | workflows | agents | tok/s | TTFT p50 s | TTFT p99 s | replicas' peak RSS growth MiB | KV MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {'on' if r['batching'] else 'off'} | {r['workflows']} | {r['agents']} "
+            f"| {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.2f} | {r['ttft_p99_s']:.2f} "
+            f"| {r['peak_rss_bytes'] / 2**20:.0f} | {r['kv_bytes'] / 2**20:.0f} |"
+        )
+    lines.append("")
+    speedups = ", ".join(f"{w} workflows {x:.2f}×" for w, x in result["speedup_vs_unbatched"].items())
+    lines.append(f"Batched over unbatched tokens/s, same run: {speedups}.")
+    if "scripted_tokens_per_s" in result:
+        top = max(settings["workflows"])
+        ours = next(r["tokens_per_s"] for r in result["rows"] if r["batching"] and r["workflows"] == top)
+        lines.append(
+            f"The scripted agents job (`graphflow/bench/agents.py`, not the served path) on the same "
+            f"workload at {top} workflows, same run: {result['scripted_tokens_per_s']:.1f} tok/s "
+            f"(served batched: {ours:.1f})."
+        )
+    for m in result.get("memory", []):
+        mode = "reuse, shared root" if m["reuse"] else "reuse off (dense)"
+        lines.append(
+            f"* {m['agents']} agents over one {m['root_tokens']}-token root, batching "
+            f"{'on' if m['batching'] else 'off'}, {mode}: holder's peak RSS growth "
+            f"{m['peak_rss_bytes'] / 2**20:.0f} MiB in {m['wall_s']:.1f} s"
+        )
+    for k, v in result.get("memory_growth_vs_dense", {}).items():
+        lines.append(f"* peak growth over dense's, {k.replace('_', ' ')}: {v:.2f}×")
+    for h in result.get("head_of_line", []):
+        lines.append(
+            f"* a short node's TTFT p99, batching {'on' if h['batching'] else 'off'}: idle "
+            f"{h['idle_p99_s']:.2f} s, during a {h['prefill_tokens']}-token prefill {h['loaded_p99_s']:.2f} s "
+            f"({h['ratio_p99']:.2f}×, {len(h['loaded_ttft_s'])} samples)"
+        )
+    lines.append("")
+    lines.append(
+        f"Model {settings['model']}, {settings['threads']} torch thread per replica, 2 replicas, "
+        f"{settings['max_batch_tokens']} tokens per engine step; agent prompts "
+        f"{result['agent_prompt_tokens']} tokens, {settings['decode']} generated."
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny-llama, small sizes; writes out/served-quick/")
+    parser.add_argument("--no-scripted", action="store_true", help="skip the scripted agents job")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    args = parser.parse_args()
+    s = QUICK if args.quick else FULL
+    say = (lambda _m: None) if args.json else (lambda m: print(f"… {m}", flush=True))
+    result = run_serve_bench(
+        s["model"],
+        2,
+        s["workflows"],
+        s["root_tokens"],
+        s["agents"],
+        s["decode"],
+        (True, False),
+        s["threads"],
+        s["max_batch_tokens"],
+        s["memory_agents"],
+        s["memory_root"],
+        s["hol_prefill"],
+        scripted=not args.no_scripted,
+        say=say,
+    )
+    folder = HERE / ("out/served-quick" if args.quick else "results/served")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bench_serve.json").write_text(json.dumps(result, indent=2))
+    write_meta(
+        folder,
+        command="python -m experiments.throughput.served" + (" --quick" if args.quick else ""),
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
+    )
+    if not args.quick:
+        replace_section(HERE / "README.md", "served", table(result, s))
+    print(json.dumps(result) if args.json else table(result, s))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""``graphflow bench serve``: the served path end to end under concurrent workflows.
+
+Every number comes through ``connect()`` → executor → replica actors → manager → transport, on
+an embedded deployment started here, once with the engine loop (``runtime.batcher``) and once
+without it (the reference), in the same run:
+
+* **throughput** — ``W`` workflows at once, each a fresh ``root_tokens`` context computed
+  upstream on replica 0 (materialized before the clock starts, as in ``experiments/throughput``)
+  and ``agents`` agent nodes over it, each with its own prompt and ``decode`` generated tokens;
+  the scheduler places the agents (reuse on the holder or a transfer). ``tokens_per_s``: every
+  agent's generated tokens over the time until the last workflow is done. TTFT per agent is the
+  executor's: from its decision to its first token (queueing at the replica included).
+  ``peak_rss_bytes``: the replicas' resident-memory growth over the timed part (peak after a
+  reset, minus the start), summed; ``kv_bytes``: the bytes their block stores held at the end.
+* **shared root** (``memory_agents`` > 0) — one workflow of ``memory_agents`` agents over one
+  ``memory_root``-token context, all on the replica that holds it: its peak growth against the
+  same agents with KV reuse off (each agent prefills and holds the whole context: dense).
+* **head-of-line** (``hol_prefill`` > 0) — a short node's TTFT on an idle replica, and while the
+  same replica prefills ``hol_prefill`` tokens of another workflow.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from graphflow.bench.served import PinnedAgent
+from graphflow.client import Client, connect, new_run_id
+from graphflow.runtime.executor import NodeTrace, RunResult
+from graphflow.workflow.compile import ROOT, ExecGraph, ExecNode
+
+__all__ = ["HolRow", "MemoryRow", "ServeBench", "ServeRow", "agents_graph", "percentile"]
+
+HOLDER = "graphflow-replica-0"
+
+
+def agents_graph(n: int) -> ExecGraph:
+    """``n`` agent nodes over the task context, each with a prompt of its own."""
+    nodes = tuple(ExecNode(f"agent-{i}", "Custom", "REVIEW", _agent_prompt(i), (), ROOT) for i in range(n))
+    return ExecGraph(nodes, (), tuple((ROOT, x.id) for x in nodes), tuple(x.id for x in nodes))
+
+
+def _agent_prompt(i: int) -> str:
+    return (
+        f"\nAgent {i} of the review panel: read the analysis above and check each step of its reasoning in turn. "
+        "Name the first step that is wrong, if there is one, and say in one sentence why it is wrong. "
+        "Then end with the final answer as a single number.\n"
+    )
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-quantile (0..1) by linear interpolation (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    at = q * (len(ordered) - 1)
+    lo = int(at)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeRow:
+    batching: bool
+    workflows: int
+    agents: int
+    generated_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    peak_rss_bytes: int
+    kv_bytes: int
+    decisions: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRow:
+    batching: bool
+    reuse: bool
+    agents: int
+    root_tokens: int
+    peak_rss_bytes: int  # growth of the holder's resident memory over the run
+    wall_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class HolRow:
+    batching: bool
+    prefill_tokens: int
+    idle_ttft_s: tuple[float, ...]
+    loaded_ttft_s: tuple[float, ...]
+
+    @property
+    def ratio_p99(self) -> float:
+        return percentile(self.loaded_ttft_s, 0.99) / max(percentile(self.idle_ttft_s, 0.99), 1e-9)
+
+
+class ServeBench:
+    """One deployment's measurements (see the module docstring)."""
+
+    def __init__(self, client: Client, batching: bool, say: Callable[[str], None] = lambda _m: None) -> None:
+        self.client = client
+        self.batching = batching
+        self.say = say
+        self.contexts = PinnedAgent(client)
+        self.replicas = list(client.cluster.replicas)
+
+    # ---- throughput ----------------------------------------------------------------------
+    def throughput(self, workflows: int, root_tokens: int, agents: int) -> ServeRow:
+        ex = self.client.executor
+        graph = agents_graph(agents)
+        roots = [self.contexts.context(root_tokens) for _ in range(workflows)]
+        for i, root in enumerate(roots):  # computed upstream: not timed
+            ex.materialize_root(f"upstream-{new_run_id()}-{i}", root, HOLDER)
+        self._reset_memory()
+        results: list[RunResult | BaseException] = [RuntimeError("not run")] * workflows
+
+        def one(i: int) -> None:
+            try:
+                results[i] = ex.run(graph, roots[i], new_run_id(), pin={ROOT: HOLDER})
+            except BaseException as exc:  # the bench reports it below
+                results[i] = exc
+
+        begin = time.perf_counter()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(workflows)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - begin
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+        runs = [r for r in results if isinstance(r, RunResult)]
+        agent_traces = [t for r in runs for t in r.nodes if t.node != ROOT]
+        generated = sum(len(out) for r in runs for out in r.outputs.values())
+        ttfts = [t.first_token_s for t in agent_traces]
+        decisions: dict[str, int] = {}
+        for t in agent_traces:
+            decisions[t.decision] = decisions.get(t.decision, 0) + 1
+        growth, kv = self._memory_growth(), sum(int(s["used_bytes"]) for s in self.client.status())
+        return ServeRow(self.batching, workflows, len(agent_traces), generated, wall, generated / wall,
+                        percentile(ttfts, 0.5), percentile(ttfts, 0.99), growth, kv, decisions)  # fmt: skip
+
+    # ---- shared root ---------------------------------------------------------------------
+    def shared_root(self, agents: int, root_tokens: int, reuse: bool) -> MemoryRow:
+        """``agents`` agents over one context, all on the holder; ``reuse=False``: dense."""
+        ex = self.client.executor
+        graph = agents_graph(agents)
+        root = self.contexts.context(root_tokens)
+        pin = {ROOT: HOLDER, **{n.id: HOLDER for n in graph.nodes}}
+        if reuse:
+            ex.materialize_root(f"upstream-{new_run_id()}", root, HOLDER)
+        begin_rss = self._reset_memory(HOLDER)
+        begin = time.perf_counter()
+        ex.run(graph, root, new_run_id(), reuse=reuse, pin=pin)
+        wall = time.perf_counter() - begin
+        peak = self._peak(HOLDER)
+        return MemoryRow(self.batching, reuse, agents, root_tokens, max(0, peak - begin_rss), wall)
+
+    # ---- head-of-line blocking -----------------------------------------------------------
+    def head_of_line(self, prefill_tokens: int, short_tokens: int = 128, samples: int = 5) -> HolRow:
+        """A short node's TTFT idle and during a long prefill on the same replica."""
+        ex = self.client.executor
+        short = agents_graph(1)
+        pin = {"agent-0": HOLDER}
+
+        def short_ttft() -> float:
+            got = ex.run(short, self.contexts.context(short_tokens), new_run_id(), reuse=False, pin=pin)
+            return _agent(got).first_token_s
+
+        short_ttft()  # warm-up
+        idle = tuple(short_ttft() for _ in range(samples))
+        loaded: list[float] = []
+        for _ in range(4 * samples):  # NOTE: a prefill that ends before a short node does gives no sample
+            if len(loaded) >= samples:
+                break
+            long_done = threading.Event()
+            ctx = self.contexts.context(prefill_tokens)
+
+            def long_run(ctx: list[int] = ctx, done: threading.Event = long_done) -> None:
+                try:
+                    ex.run(short, ctx, new_run_id(), reuse=False, pin=pin)
+                finally:
+                    done.set()
+
+            worker = threading.Thread(target=long_run)
+            worker.start()
+            while not long_done.is_set() and len(loaded) < samples:
+                ttft = short_ttft()
+                if not long_done.is_set():  # it overlapped the long prefill up to its first token
+                    loaded.append(ttft)
+            worker.join()
+        return HolRow(self.batching, prefill_tokens, idle, tuple(loaded))
+
+    def prompt_tokens(self, agents: int) -> list[int]:
+        """Each agent prompt's length in the served model's tokens."""
+        return [len(self.contexts.encode(_agent_prompt(i))) for i in range(agents)]
+
+    # ---- replica memory ------------------------------------------------------------------
+    def _reset_memory(self, replica: str = "") -> int:
+        """Reset each replica's peak (or ``replica``'s); returns the resident bytes at reset."""
+        c = self.client.cluster
+        names = [replica] if replica else self.replicas
+        got = [c.get(c.call(r, "memory", True)) for r in names]
+        self._start = {r: g[0] for r, g in zip(names, got, strict=True)}
+        return sum(g[0] for g in got)
+
+    def _peak(self, replica: str) -> int:
+        c = self.client.cluster
+        return int(c.get(c.call(replica, "memory"))[1])
+
+    def _memory_growth(self) -> int:
+        return sum(max(0, self._peak(r) - self._start[r]) for r in self.replicas)
+
+
+def _agent(result: RunResult) -> NodeTrace:
+    return next(t for t in result.nodes if t.node != ROOT)
+
+
+def scripted_tokens_per_s(model: str, root_tokens: int, workflows: int, suffix: int, decode: int) -> float:
+    """The scripted two-process agents job (``graphflow.bench.agents``, system ``ours``: batched
+    decode, roots moved over UCX; not the served path) on the same workload, for comparison."""
+    from graphflow.harness.launch import run_two_processes
+
+    job = ["--job", "agents", "--model", model, "--root-tokens", str(root_tokens), "--workloads", f"{workflows}x2",
+           "--suffix", str(suffix), "--decode", str(decode), "--repeats", "1", "--systems", "ours",
+           "--timeout", "1800"]  # fmt: skip
+    holder, _ = run_two_processes("ucx", job, timeout_s=3600)
+    trial = holder["trials"][0]
+    return float(trial["generated_tokens"]) / float(trial["makespan_s"])
+
+
+def run_serve_bench(model: str, replicas: int, workflows: Sequence[int], root_tokens: int, agents: int,
+                    decode: int, modes: Sequence[bool], threads: int = 0, max_batch_tokens: int = 256,
+                    memory_agents: int = 0, memory_root: int = 0, hol_prefill: int = 0, scripted: bool = False,
+                    say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:  # fmt: skip
+    """Every measurement for each mode (batching on / off) on a fresh embedded deployment, and
+    with ``scripted`` the scripted agents job at the largest workflow count."""
+    rows: list[ServeRow] = []
+    memory: list[MemoryRow] = []
+    hol: list[HolRow] = []
+    for batching in modes:
+        label = "batching" if batching else "no batching"
+        say(f"starting {replicas} replicas of {model} ({label})")
+        client = connect(model=model, replicas=replicas, decode_steps=decode, threads=threads, batching=batching,
+                         max_batch_tokens=max_batch_tokens, capacity_mib=2048)  # fmt: skip
+        bench = ServeBench(client, batching, say)
+        bench.throughput(1, min(root_tokens, 256), agents)  # warm-up: every replica has run a node
+        for w in workflows:
+            say(f"{label}: {w} concurrent workflows")
+            rows.append(bench.throughput(w, root_tokens, agents))
+        if memory_agents:
+            for reuse in (True, False):
+                say(f"{label}: {memory_agents} agents over one {memory_root}-token root (reuse {reuse})")
+                memory.append(bench.shared_root(memory_agents, memory_root, reuse))
+        if hol_prefill:
+            say(f"{label}: a short node during a {hol_prefill}-token prefill")
+            hol.append(bench.head_of_line(hol_prefill))
+    out = summarize(rows, memory, hol)
+    out["agent_prompt_tokens"] = bench.prompt_tokens(agents)
+    if scripted:
+        say(f"the scripted agents job at {max(workflows)} workflows")
+        out["scripted_tokens_per_s"] = scripted_tokens_per_s(model, root_tokens, max(workflows), 64, decode)
+    return out
+
+
+def summarize(rows: Sequence[ServeRow], memory: Sequence[MemoryRow], hol: Sequence[HolRow]) -> dict[str, Any]:
+    """The bench's JSON: rows plus the ratios its targets are judged by (same run)."""
+    out: dict[str, Any] = {"rows": [asdict(r) for r in rows]}
+    on = {r.workflows: r for r in rows if r.batching}
+    off = {r.workflows: r for r in rows if not r.batching}
+    out["speedup_vs_unbatched"] = {w: on[w].tokens_per_s / off[w].tokens_per_s for w in on if w in off}
+    if memory:
+        out["memory"] = [asdict(m) for m in memory]
+        dense = {m.batching: m for m in memory if not m.reuse}
+        ours = {m.batching: m for m in memory if m.reuse}
+        out["memory_growth_vs_dense"] = {
+            ("batching" if b else "no_batching"): ours[b].peak_rss_bytes / max(1, dense[b].peak_rss_bytes)
+            for b in ours
+            if b in dense
+        }
+    if hol:
+        out["head_of_line"] = [
+            {**asdict(h), "idle_p99_s": percentile(h.idle_ttft_s, 0.99),
+             "loaded_p99_s": percentile(h.loaded_ttft_s, 0.99), "ratio_p99": h.ratio_p99}
+            for h in hol
+        ]  # fmt: skip
+    return out

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pytest
+
+from graphflow.bench.serve import HolRow, MemoryRow, ServeRow, agents_graph, percentile, summarize
+from graphflow.workflow.compile import ROOT
+
+
+def test_agents_graph_fans_out_from_the_task_context():
+    g = agents_graph(3)
+    assert [n.id for n in g.nodes] == ["agent-0", "agent-1", "agent-2"]
+    assert all(n.state_parent == ROOT and not n.preds for n in g.nodes)
+    assert len({n.template for n in g.nodes}) == 3  # each agent has a prompt of its own
+    assert g.ready(set()) == ["agent-0", "agent-1", "agent-2"]
+
+
+def test_percentile_interpolates():
+    assert percentile([], 0.99) == 0.0
+    assert percentile([3.0], 0.5) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == pytest.approx(2.5)
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.99) == pytest.approx(3.97)
+
+
+def row(batching: bool, workflows: int, tps: float) -> ServeRow:
+    return ServeRow(batching, workflows, 2 * workflows, int(tps * 10), 10.0, tps, 0.1, 0.2, 1, 2, {"reuse": 1})
+
+
+def test_summary_ratios_come_from_the_same_run():
+    rows = [row(True, 1, 20.0), row(True, 16, 90.0), row(False, 1, 10.0), row(False, 16, 30.0)]
+    memory = [MemoryRow(True, True, 16, 4096, 100, 1.0), MemoryRow(True, False, 16, 4096, 1000, 9.0)]
+    hol = [HolRow(True, 4096, (0.5, 0.5), (0.6, 1.0))]
+    out = summarize(rows, memory, hol)
+    assert out["speedup_vs_unbatched"] == {1: 2.0, 16: 3.0}
+    assert out["memory_growth_vs_dense"] == {"batching": 0.1}
+    assert out["head_of_line"][0]["ratio_p99"] == pytest.approx(percentile([0.6, 1.0], 0.99) / 0.5)
+    assert [r["tokens_per_s"] for r in out["rows"]] == [20.0, 90.0, 10.0, 30.0]
