@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphflow.runtime.errors import error_message
+from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from transport.errors import TransportError
 
 app = typer.Typer(
@@ -377,7 +378,7 @@ def bench_serve_cmd(
     agents: int = typer.Option(2, help="Agent nodes per workflow."),
     decode: int = typer.Option(32, help="Tokens each agent generates."),
     threads: int = typer.Option(1, help="Torch threads per replica (the scripted job uses 1)."),
-    max_batch_tokens: int = typer.Option(256, help="Tokens one engine step runs (batching on)."),
+    max_batch_tokens: int = typer.Option(MAX_BATCH_TOKENS, help="Tokens one engine step runs (batching on)."),
     memory_agents: int = typer.Option(16, help="Agents over one shared root for the memory rows (0 = skip)."),
     memory_root: int = typer.Option(4096, help="That shared root's tokens."),
     hol_prefill: int = typer.Option(4096, help="Long prefill a short node arrives during (0 = skip)."),
@@ -401,11 +402,12 @@ def bench_serve_cmd(
         _emit(result)
         return
     table = Table("batching", "workflows", "agents", "tok/s", "TTFT p50 s", "TTFT p99 s", "peak RSS MiB",
-                  "KV MiB", title=f"bench serve: {model}")  # fmt: skip
+                  "KV MiB", "rows/step", title=f"bench serve: {model}")  # fmt: skip
     for r in result["rows"]:
         table.add_row("on" if r["batching"] else "off", str(r["workflows"]), str(r["agents"]),
                       f"{r['tokens_per_s']:.1f}", f"{r['ttft_p50_s']:.3f}", f"{r['ttft_p99_s']:.3f}",
-                      f"{r['peak_rss_bytes'] / 2**20:.0f}", f"{r['kv_bytes'] / 2**20:.0f}")  # fmt: skip
+                      f"{r['peak_rss_bytes'] / 2**20:.0f}", f"{r['kv_bytes'] / 2**20:.0f}",
+                      f"{r['rows_per_step']:.1f}" if r["batching"] else "—")  # fmt: skip
     out.print(table)
     for w, x in result["speedup_vs_unbatched"].items():
         out.print(f"{w} workflows: {x:.2f}× the unbatched served path")

@@ -11,6 +11,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from graphflow.runtime.plan import MAX_BATCH_TOKENS
+
 __all__ = ["register"]
 
 DEMO_TASK_FILES = ("gsm8k_validate.jsonl", "mbpp_validate.jsonl")
@@ -111,7 +113,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
             False, "--no-batching", help="Run each node's forward passes alone (the unbatched reference)."
         ),
         max_batch_tokens: int = typer.Option(
-            256, help="Tokens one engine step runs per replica: every decode plus chunks of pending prefill."
+            MAX_BATCH_TOKENS, help="Tokens one engine step runs per replica: every decode plus pending prefill chunks."
         ),
         replace: bool = typer.Option(
             False, "--replace", help="Shut down a running deployment of other settings instead of refusing."

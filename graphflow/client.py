@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from graphflow.runtime.executor import RunResult, WorkflowExecutor
+from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import Workflow
 from scheduler.calibrate import fit_linear, fit_link, fit_prefill
@@ -143,7 +144,8 @@ def new_run_id() -> str:
 def connect(address: str | None = None, model: str = "tiny-llama", replicas: int = 2, decode_steps: int = 16,
             recalibrate: bool = False, kv_mode: str = "exact", transport: str = "ucx",
             device: str = "cpu", recompute_head: int = 12, capacity_mib: int = 1024, threads: int = 0,
-            prefault_mib: int = 0, batching: bool = True, max_batch_tokens: int = 256) -> Client:  # fmt: skip
+            prefault_mib: int = 0, batching: bool = True,
+            max_batch_tokens: int = MAX_BATCH_TOKENS) -> Client:  # fmt: skip
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
     move KV over ``transport``: ucx or ray, each with ``capacity_mib`` of KV store, ``threads``

@@ -17,6 +17,7 @@ from typing import Any
 
 from experiments.common import replace_section, write_meta
 from graphflow.bench.serve import run_serve_bench
+from graphflow.runtime.plan import MAX_BATCH_TOKENS
 
 HERE = Path(__file__).parent
 FULL = {
@@ -29,7 +30,7 @@ FULL = {
     "memory_root": 4096,
     "hol_prefill": 4096,
     "threads": 1,
-    "max_batch_tokens": 256,
+    "max_batch_tokens": MAX_BATCH_TOKENS,
 }
 QUICK = {
     **FULL,
@@ -44,15 +45,14 @@ QUICK = {
 
 
 def table(result: dict[str, Any], settings: dict[str, Any]) -> str:
-    lines = [
-        "| batching | workflows | agents | tok/s | TTFT p50 s | TTFT p99 s | replicas' peak RSS growth MiB | KV MiB |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    head = "| batching | workflows | agents | tok/s | TTFT p50 s | TTFT p99 s | replicas' peak RSS growth MiB | KV MiB "
+    lines = [head + "| rows per engine step |", "|---" * 9 + "|"]
     for r in result["rows"]:
+        per_step = f"{r['rows_per_step']:.1f}" if r["batching"] else "—"
         lines.append(
             f"| {'on' if r['batching'] else 'off'} | {r['workflows']} | {r['agents']} "
             f"| {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.2f} | {r['ttft_p99_s']:.2f} "
-            f"| {r['peak_rss_bytes'] / 2**20:.0f} | {r['kv_bytes'] / 2**20:.0f} |"
+            f"| {r['peak_rss_bytes'] / 2**20:.0f} | {r['kv_bytes'] / 2**20:.0f} | {per_step} |"
         )
     lines.append("")
     speedups = ", ".join(f"{w} workflows {x:.2f}×" for w, x in result["speedup_vs_unbatched"].items())

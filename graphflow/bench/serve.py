@@ -30,6 +30,7 @@ from typing import Any
 from graphflow.bench.served import PinnedAgent
 from graphflow.client import Client, connect, new_run_id
 from graphflow.runtime.executor import NodeTrace, RunResult
+from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from graphflow.workflow.compile import ROOT, ExecGraph, ExecNode
 
 __all__ = ["HolRow", "MemoryRow", "ServeBench", "ServeRow", "agents_graph", "percentile"]
@@ -75,6 +76,8 @@ class ServeRow:
     peak_rss_bytes: int
     kv_bytes: int
     decisions: dict[str, int]
+    engine_steps: int  # the replicas' engine-loop steps over the timed part (0: batching off)
+    rows_per_step: float  # forward rows per engine step, on average (how much the loop batched)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,7 @@ class ServeBench:
         for i, root in enumerate(roots):  # computed upstream: not timed
             ex.materialize_root(f"upstream-{new_run_id()}-{i}", root, HOLDER)
         self._reset_memory()
+        steps_before = self._engine_counts()
         results: list[RunResult | BaseException] = [RuntimeError("not run")] * workflows
 
         def one(i: int) -> None:
@@ -143,8 +147,10 @@ class ServeBench:
         for t in agent_traces:
             decisions[t.decision] = decisions.get(t.decision, 0) + 1
         growth, kv = self._memory_growth(), sum(int(s["used_bytes"]) for s in self.client.status())
+        steps, rows = (after - before for after, before in zip(self._engine_counts(), steps_before, strict=True))
         return ServeRow(self.batching, workflows, len(agent_traces), generated, wall, generated / wall,
-                        percentile(ttfts, 0.5), percentile(ttfts, 0.99), growth, kv, decisions)  # fmt: skip
+                        percentile(ttfts, 0.5), percentile(ttfts, 0.99), growth, kv, decisions, steps,
+                        rows / steps if steps else 0.0)  # fmt: skip
 
     # ---- shared root ---------------------------------------------------------------------
     def shared_root(self, agents: int, root_tokens: int, reuse: bool) -> MemoryRow:
@@ -201,6 +207,11 @@ class ServeBench:
         """Each agent prompt's length in the served model's tokens."""
         return [len(self.contexts.encode(_agent_prompt(i))) for i in range(agents)]
 
+    def _engine_counts(self) -> tuple[int, int]:
+        """(engine steps, forward rows) the replicas' loops have run so far."""
+        stats = self.client.status()
+        return sum(int(s["engine_steps"]) for s in stats), sum(int(s["engine_rows"]) for s in stats)
+
     # ---- replica memory ------------------------------------------------------------------
     def _reset_memory(self, replica: str = "") -> int:
         """Reset each replica's peak (or ``replica``'s); returns the resident bytes at reset."""
@@ -236,7 +247,7 @@ def scripted_tokens_per_s(model: str, root_tokens: int, workflows: int, suffix: 
 
 
 def run_serve_bench(model: str, replicas: int, workflows: Sequence[int], root_tokens: int, agents: int,
-                    decode: int, modes: Sequence[bool], threads: int = 0, max_batch_tokens: int = 256,
+                    decode: int, modes: Sequence[bool], threads: int = 0, max_batch_tokens: int = MAX_BATCH_TOKENS,
                     memory_agents: int = 0, memory_root: int = 0, hol_prefill: int = 0, scripted: bool = False,
                     say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:  # fmt: skip
     """Every measurement for each mode (batching on / off) on a fresh embedded deployment, and

@@ -19,7 +19,8 @@ from typing import Any
 
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
-from graphflow.runtime.replica import BATCH_ROWS, ReplicaConfig, ReplicaWorker
+from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
+from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 from graphflow.runtime.templates import kv_mode as kv_mode_of
 
 __all__ = ["BOARD_NAME", "MANAGER_NAME", "TRANSPORTS", "Board", "CallWorker", "Deployment", "RayCluster",
@@ -57,7 +58,7 @@ class Deployment:
     prefault_bytes: int = 0  # KV memory each replica faults in at start (0: on demand)
     spread: bool = False  # replicas round-robin over the cluster's nodes, the manager on the head
     batching: bool = True  # each replica's nodes share forward passes (runtime.batcher); off: one at a time
-    max_batch_tokens: int = 256  # tokens per engine step (decodes + prefill chunks)
+    max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens per engine step (decodes + prefill chunks)
 
     def __post_init__(self) -> None:
         if self.recompute_head < 0:
@@ -179,7 +180,7 @@ class RayCluster:
               device: str = "cpu", gpus_per_replica: float = 0.0, replace_existing: bool = False,
               eviction: str = "score", recompute_head: int = 12, threads: int = 0,
               prefault_bytes: int = 0, spread: bool = False, batching: bool = True,
-              max_batch_tokens: int = 256) -> RayCluster:  # fmt: skip
+              max_batch_tokens: int = MAX_BATCH_TOKENS) -> RayCluster:  # fmt: skip
         """Create the manager and ``n`` replica actors, unless this deployment already runs.
 
         A running deployment of the same model, replicas, mode, capacity, transport and device

@@ -2,28 +2,33 @@
 
 Requests enter a bounded queue. Each step the loop runs one ragged forward
 (:func:`graphflow.models.ragged.forward_rows`) over every running request: one token for each
-request that is decoding, then chunks of pending prefill, shortest first, until the step holds
-``max_batch_tokens`` tokens. A request leaves as soon as it has its tokens; a new one joins at
-the next step. A long prefill therefore runs in chunks between the decodes and short prefills
-that arrive meanwhile (head-of-line blocking bounded by one step).
+request that is decoding, then the pending prefills that finish within ``max_batch_tokens``,
+shortest first, or, when none does, a ``max_batch_tokens`` chunk of the shortest. A request
+leaves as soon as it has its tokens; a new one joins at the next step. A long prefill therefore
+runs in chunks between the decodes and short prefills that arrive meanwhile, and a short
+prefill waits at most for the step already running (head-of-line blocking bounded by one step).
 
-Design kept, and why (measured on this 2-core CPU with SmolLM2-135M; the served benchmark's
-table is in ``experiments/throughput/README.md``):
+Design kept, and why (the served benchmark, ``graphflow bench serve``, measures it against the
+unbatched path; its table is in ``experiments/throughput/README.md``):
 
-* **per-row caches with the linear layers packed** (vLLM's varlen layout, without its
+* **per-row caches with the linear layers packed** (the varlen layout of vLLM, without its
   kernels): each request keeps its own ``DynamicCache`` and attends over it alone, so rows of
   any length share a step with no padding and no attention mask, and a request's KV is never
-  copied into a batch tensor. A 16-row decode step at a 1,024-token context took 0.21 s
-  packed against 2.8 s as 16 single-row forwards.
-* **padding + attention masks** (``Engine.decode_rows`` with ``packing.batch_cache``) needs one
-  batch cache of equal lengths: every row's root copied into it and re-copied as rows join or
-  leave, which is what kept the scripted agents' peak at 0.63× dense.
-* **transformers' continuous batching** (``generate_batch`` with its paged cache) runs its own
-  request manager and cache and cannot start from KV the replica received or kept; on this CPU
-  it needs ``attn_implementation="paged|eager"`` and ran slower than the packed forward.
+  copied into a batch tensor.
+* **padding + attention masks** (one ``DynamicCache`` of batch ``n``, as the scripted agents job
+  builds with ``packing.batch_cache``) needs rows of one length: every row's prefix copied into
+  the batch and re-copied as rows join or leave, which is what kept that job's peak at 0.63×
+  dense.
+* **transformers' continuous batching** (``generate_batch``, its paged cache) runs its own
+  request manager and cache and cannot start from KV the replica received or kept, so it
+  cannot serve a reused or transferred prefix at all.
 * **shared prefix**: requests that continue one stored prefix read one copy of it
   (:class:`~graphflow.models.ragged.SharedPrefix`), attended once per layer for all of them and
   merged with each row's own suffix by log-sum-exp.
+* **shortest prefill first, nothing long beside it**: a step runs the prefills that finish in it;
+  only when none does, a chunk of the shortest. A long prefill's chunk bounds how long a new
+  request waits (one step); ``MAX_BATCH_TOKENS`` (128) keeps that under a short request's own
+  prefill on one CPU core.
 
 The loop is a plain class: :meth:`Batcher.step` runs one step (tests drive it directly);
 :meth:`Batcher.start` runs steps on a thread of its own until :meth:`Batcher.stop`.
@@ -41,6 +46,7 @@ from transformers import DynamicCache
 
 from graphflow.models.engine import Engine
 from graphflow.models.ragged import Row, SharedPrefix, forward_rows, unsupported
+from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 
 __all__ = ["Batcher", "BatcherFull", "Request"]
 
@@ -107,8 +113,8 @@ class Batcher:
     def __init__(
         self,
         engine: Engine,
-        max_batch_tokens: int = 256,
-        max_rows: int = 32,
+        max_batch_tokens: int = MAX_BATCH_TOKENS,
+        max_rows: int = BATCH_ROWS,
         max_queue: int = 64,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -131,6 +137,7 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.steps = 0
+        self.rows_run = 0  # forward rows over all steps (rows ÷ steps: how much the loop batched)
         self.peak_rows = 0
         self.peak_queue = 0
 
@@ -222,21 +229,28 @@ class Batcher:
         with self._cv:
             self._running = [r for r in self._running if r not in finished]
             self.steps += 1
+            self.rows_run += len(batch)
         for r in finished:
             r._finish()
         return finished
 
     def _plan(self) -> list[tuple[Request, list[int]]]:
-        """This step's rows: every decoding request's last token, then prefill chunks, fewest
-        remaining tokens first, within ``max_batch_tokens`` (the caller holds the lock)."""
+        """This step's rows: every decoding request's last token, then the prefills that finish
+        within ``max_batch_tokens``, fewest remaining tokens first; a prefill that cannot finish
+        gets a chunk only in a step where no other prefill finishes (the caller holds the lock).
+
+        Finishing the shortest prefills first, with nothing long added to their step, keeps a
+        short request's wait to the one step already running when it arrived."""
         batch = [(r, [r.output[-1]]) for r in self._running if not r.prefill_left]
         budget = self.max_batch_tokens - len(batch)
-        for r in sorted((r for r in self._running if r.prefill_left), key=lambda r: r.prefill_left):
-            if budget <= 0:
+        pending = sorted((r for r in self._running if r.prefill_left), key=lambda r: r.prefill_left)
+        for finishing, r in enumerate(pending):
+            if r.prefill_left > budget:
+                if not finishing and budget > 0:  # nothing finishes this step: a chunk of the shortest
+                    batch.append((r, r.tokens[r._fed : r._fed + budget]))
                 break
-            chunk = r.tokens[r._fed : r._fed + budget]
-            batch.append((r, chunk))
-            budget -= len(chunk)
+            batch.append((r, r.tokens[r._fed :]))
+            budget -= r.prefill_left
         return batch
 
     def start(self) -> None:

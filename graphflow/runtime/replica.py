@@ -44,16 +44,14 @@ from graphflow.models.ragged import unsupported
 from graphflow.runtime.batcher import Batcher
 from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates, check_policy
 from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
-from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
+from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS, MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
 from graphflow.runtime.templates import TemplateKV, kv_mode
 from scheduler.policy import Option
 from transport.base import TransferSpec, Transport, TransportConfig
 from transport.memory import host_arena
 
-__all__ = ["BATCH_ROWS", "EVICTION_POLICIES", "ReplicaConfig", "ReplicaWorker"]
-
-BATCH_ROWS = 32  # requests one engine step runs at most
+__all__ = ["EVICTION_POLICIES", "ReplicaConfig", "ReplicaWorker"]
 
 
 def _templates(engine: Engine, config: ReplicaConfig) -> TemplateKV | None:
@@ -83,7 +81,7 @@ class ReplicaConfig:
     threads: int = 0  # torch threads of the engine (0: every core of the host, as a plain process gets)
     prefault_bytes: int = 0  # KV memory faulted in at start, a block pool as vLLM allocates (0: on demand)
     batching: bool = True  # nodes share forward passes in one engine loop (runtime.batcher); off: one at a time
-    max_batch_tokens: int = 256  # tokens one engine step runs (decodes + prefill chunks)
+    max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens one engine step runs (decodes + prefill chunks)
     max_queue: int = 64  # node requests the engine loop holds (the actor's concurrency stays below it)
 
     def __post_init__(self) -> None:
@@ -585,6 +583,7 @@ class ReplicaWorker:
                 "prefaulted_bytes": self.prefaulted_bytes,
                 "batching": loop is not None, "batching_off": self.batching_off,
                 "max_batch_tokens": loop.max_batch_tokens if loop else 0,
-                "engine_steps": loop.steps if loop else 0, "peak_rows": loop.peak_rows if loop else 0,
+                "engine_steps": loop.steps if loop else 0, "engine_rows": loop.rows_run if loop else 0,
+                "peak_rows": loop.peak_rows if loop else 0,
                 "queue": self.queue_length(), "shared_prefix_copies": self._prefixes.built,
                 **(self.templates.stats_dict() if self.templates else {"kv_mode": "exact"})}  # fmt: skip

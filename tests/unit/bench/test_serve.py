@@ -22,7 +22,7 @@ def test_percentile_interpolates():
 
 
 def row(batching: bool, workflows: int, tps: float) -> ServeRow:
-    return ServeRow(batching, workflows, 2 * workflows, int(tps * 10), 10.0, tps, 0.1, 0.2, 1, 2, {"reuse": 1})
+    return ServeRow(batching, workflows, 2 * workflows, int(tps * 10), 10.0, tps, 0.1, 0.2, 1, 2, {"reuse": 1}, 5, 2.0)
 
 
 def test_summary_ratios_come_from_the_same_run():

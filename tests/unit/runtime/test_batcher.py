@@ -30,7 +30,7 @@ def test_rows_of_different_lengths_each_get_their_tokens_alone(tiny_engine):
     reqs = [b.submit(p, max_new=n) for p, n in zip(prompts, (5, 8, 1), strict=True)]
     drain(b)
     assert [r.result() for r in reqs] == [alone(tiny_engine, p, n) for p, n in zip(prompts, (5, 8, 1), strict=True)]
-    assert b.peak_rows == 3
+    assert b.peak_rows >= 2 and b.rows_run > b.steps  # rows shared steps
 
 
 def test_requests_join_mid_batch_and_finished_ones_leave_without_disturbing_others(tiny_engine):
@@ -58,6 +58,7 @@ def test_a_long_prefill_runs_in_chunks_while_a_short_request_finishes(tiny_engin
         b.step()
         steps += 1
     assert steps == 1 and not long.done  # head-of-line blocking: one step, not the whole prefill
+    assert long._fed == 16  # the short prefill's step carried no chunk of the long one
     drain(b)
     assert long.result() == alone(tiny_engine, prompt_token_ids(tiny_engine.tokenizer, 160), 2)
     assert b.steps >= 160 // 16
