@@ -58,7 +58,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
     ) -> None:
         """Train the GNN + MLP generator by imitation on every benchmark's reference workflow."""
         from graphflow.workflow.corpus import load_corpus, references
-        from graphflow.workflow.evaluate import _sample
+        from graphflow.workflow.evaluate import sample_tasks
         from graphflow.workflow.planner import DEFAULT_CHECKPOINT, Planner
         from graphflow.workflow.tasks import load_tasks
         from graphflow.workflow.train import TrainConfig, imitation
@@ -66,7 +66,7 @@ def register(app: typer.Typer, emit: Any, say: Any, out: Any, user_errors: Any) 
 
         wfs = load_corpus(corpus)
         refs = references(wfs)
-        sample = _sample([t for t in load_tasks(tasks) if t.benchmark in refs], per_benchmark, 0)
+        sample = sample_tasks([t for t in load_tasks(tasks) if t.benchmark in refs], per_benchmark, 0)
         planner = Planner(WGraph.build(wfs))
         say(f"training on {len(sample)} tasks for {epochs} epochs")
         losses = imitation(planner, [(t.text, refs[t.benchmark]) for t in sample], TrainConfig(epochs=epochs))

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import struct
 import time
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -49,6 +48,8 @@ from transport.base import Received, TransferSpec, TransferStats, Transport, che
 from transport.errors import WireFormatError
 from transport.memory import host_arena
 from transport.wire import (
+    MAGIC,
+    PREAMBLE,
     WIRE_VERSION,
     BlockHeader,
     decode_header,
@@ -61,8 +62,6 @@ from transport.wire import (
 
 __all__ = ["Landed", "MessageTransport", "first_message_bytes"]
 
-_PREAMBLE = struct.Struct("<4sHQ")
-_MAGIC = b"GFKV"
 
 
 class Landed(Protocol):
@@ -187,8 +186,8 @@ class MessageTransport(Transport):
     def _header_msgs(self, spec: TransferSpec, headers: Sequence[BlockHeader]) -> list[tuple[int, memoryview]]:
         """The header's message(s): seq 0 with the preamble, and the header inline when it fits."""
         header = encode_header(headers)
-        first = _PREAMBLE.pack(_MAGIC, WIRE_VERSION, len(header))
-        if _PREAMBLE.size + len(header) <= first_message_bytes(spec):
+        first = PREAMBLE.pack(MAGIC, WIRE_VERSION, len(header))
+        if PREAMBLE.size + len(header) <= first_message_bytes(spec):
             return [(0, memoryview(first + header))]
         return [(0, memoryview(first)), (1, memoryview(header))]
 
@@ -281,13 +280,13 @@ class MessageTransport(Transport):
     async def _header_in(self, spec: TransferSpec, first: bytearray) -> list[BlockHeader]:
         """The header, from the first message (and message 1 when it did not fit there)."""
         limits = self.config.limits
-        magic, version, header_len = _PREAMBLE.unpack_from(first)
-        if magic != _MAGIC or version != WIRE_VERSION:
+        magic, version, header_len = PREAMBLE.unpack_from(first)
+        if magic != MAGIC or version != WIRE_VERSION:
             raise WireFormatError(f"not a GraphFlow KV transfer (magic {magic!r}, version {version})")
         if header_len > limits.max_header_bytes:
             raise WireFormatError(f"header of {header_len} bytes exceeds the limit {limits.max_header_bytes}")
-        if _PREAMBLE.size + header_len <= len(first):
-            return decode_header(memoryview(first)[_PREAMBLE.size : _PREAMBLE.size + header_len], limits)
+        if PREAMBLE.size + header_len <= len(first):
+            return decode_header(memoryview(first)[PREAMBLE.size : PREAMBLE.size + header_len], limits)
         buf = bytearray(header_len)
         await self._recv_msg(spec, 1, memoryview(buf))
         return decode_header(memoryview(buf), limits)

@@ -33,6 +33,8 @@ from transport.memory import host_arena
 
 __all__ = [
     "HEADER_SCHEMA",
+    "MAGIC",
+    "PREAMBLE",
     "WIRE_VERSION",
     "BlockHeader",
     "WireLimits",
@@ -53,7 +55,7 @@ __all__ = [
 
 MAGIC = b"GFKV"
 WIRE_VERSION = 2
-_PREAMBLE = struct.Struct("<4sHQ")
+PREAMBLE = struct.Struct("<4sHQ")  # magic, version, header bytes: what every frame starts with
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -386,9 +388,9 @@ def write_frame(out: BinaryIO, headers: Sequence[BlockHeader], tensors: Sequence
     if len(headers) != len(tensors):
         raise ValueError(f"{len(headers)} headers but {len(tensors)} tensors")
     header = encode_header(headers)
-    out.write(_PREAMBLE.pack(MAGIC, WIRE_VERSION, len(header)))
+    out.write(PREAMBLE.pack(MAGIC, WIRE_VERSION, len(header)))
     out.write(header)
-    written = _PREAMBLE.size + len(header)
+    written = PREAMBLE.size + len(header)
     for h, t in zip(headers, tensors, strict=True):
         view = tensor_bytes(t)
         if view.nbytes != h.nbytes:
@@ -400,10 +402,10 @@ def write_frame(out: BinaryIO, headers: Sequence[BlockHeader], tensors: Sequence
 
 def read_frame(src: BinaryIO, limits: WireLimits | None = None) -> tuple[list[BlockHeader], list[torch.Tensor]]:
     """Read a frame written by :func:`write_frame`; every buffer is checksum-verified."""
-    preamble = src.read(_PREAMBLE.size)
-    if len(preamble) != _PREAMBLE.size:
+    preamble = src.read(PREAMBLE.size)
+    if len(preamble) != PREAMBLE.size:
         raise WireFormatError("truncated frame: no preamble")
-    magic, version, header_len = _PREAMBLE.unpack(preamble)
+    magic, version, header_len = PREAMBLE.unpack(preamble)
     if magic != MAGIC or version != WIRE_VERSION:
         raise WireFormatError(f"not a GraphFlow KV frame (magic {magic!r}, version {version})")
     limits = limits or WireLimits()

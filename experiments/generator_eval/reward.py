@@ -55,7 +55,7 @@ from experiments.common import read_csv, replace_section, write_csv, write_meta
 from graphflow.workflow.code_exec import extract_code, run_solve
 from graphflow.workflow.compile import ROOT, compile_workflow, node_context
 from graphflow.workflow.corpus import Workflow, WorkflowNode, load_corpus, references
-from graphflow.workflow.evaluate import _sample, bootstrap_ci, retrieval_and_majority
+from graphflow.workflow.evaluate import bootstrap_ci, retrieval_and_majority, sample_tasks
 from graphflow.workflow.planner import Planner
 from graphflow.workflow.tasks import load_tasks
 from graphflow.workflow.templates import CONTRACTS
@@ -252,7 +252,7 @@ def baselines(planner: Planner) -> tuple[Callable[[str], Workflow], Workflow, li
     """Corpus retrieval, the majority reference, and the fixed-workflow pool."""
     wfs = load_corpus()
     refs = references(wfs)
-    train = [(t.text, refs[t.benchmark]) for t in _sample([t for t in load_tasks() if t.benchmark in refs], 80, 0)]
+    train = [(t.text, refs[t.benchmark]) for t in sample_tasks([t for t in load_tasks() if t.benchmark in refs], 80, 0)]
     retrieval, majority = retrieval_and_majority(train, planner.encoder)
     pool = [single_op(*planner.g.ops[s][:2]) for s in planner.g.sources()] + [refs[b] for b in sorted(refs)]
     return retrieval, majority, pool

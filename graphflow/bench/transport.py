@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.bench.transport_pair import BenchPlan, _row, blocks_for
+from graphflow.bench.transport_pair import BenchPlan, blocks_for, transport_row
 from transport.base import TransferSpec, TransportConfig
 from transport.local import LocalTransport
 from transport.pool import TensorPool
@@ -65,7 +65,7 @@ def _timed_row(
     backend: str, size: int, blocks: int, block_bytes: int, ours: list[float], raw: list[float]
 ) -> dict[str, Any]:
     """The row, plus every transfer's milliseconds (outliers show there, not in the medians)."""
-    row = _row(backend, size, blocks, block_bytes, statistics.median(ours), statistics.median(raw))
+    row = transport_row(backend, size, blocks, block_bytes, statistics.median(ours), statistics.median(raw))
     row["ours_ms"] = [round(t * 1e3, 2) for t in ours]
     row["raw_ms"] = [round(t * 1e3, 2) for t in raw]
     return row
@@ -104,9 +104,12 @@ def _bench_local(plan: BenchPlan) -> list[dict[str, Any]]:
 
 
 def ray_put(size: int) -> list[Any]:
+    """Raw Ray: put a buffer made once per size (outside the timed transfers, as ours' blocks are)."""
     import ray
 
-    return [ray.put(np.ones(size, np.uint8))]
+    if size not in _RAY_RAW:
+        _RAY_RAW[size] = np.ones(size, np.uint8)
+    return [ray.put(_RAY_RAW[size])]
 
 
 def ray_get(refs: list[Any]) -> int:
@@ -135,6 +138,7 @@ def ray_side(role: int, name: str, peer: str, size: int, block_bytes: int, trans
 
 _RAY_T: Any = None
 _RAY_BLOCKS: dict[tuple[int, int], Any] = {}
+_RAY_RAW: dict[int, np.ndarray] = {}
 
 
 def _bench_ray(plan: BenchPlan) -> list[dict[str, Any]]:
@@ -150,7 +154,9 @@ def _bench_ray(plan: BenchPlan) -> list[dict[str, Any]]:
         for size in plan.sizes:
 
             def raw(n: int = size) -> None:
-                refs = ray.get(workers[0].call.remote(f"{__name__}:ray_put", n))
+                # NOTE: both calls go out at once, as ours' do; Ray hands the put's refs to the
+                # getter when the put returns (no round trip through this process in between)
+                refs = workers[0].call.remote(f"{__name__}:ray_put", n)
                 ray.get(workers[1].call.remote(f"{__name__}:ray_get", refs))
 
             def ours(n: int = size) -> None:

@@ -145,7 +145,9 @@ def _measure(
     bare_step()
     if role == 1 and not np.all(raw == 1):
         raise RuntimeError("benchmark bare messages arrived with different bytes")
-    row = _row(t.name, size, len(headers), plan.block_bytes, statistics.median(ours_s), statistics.median(raw_s))
+    row = transport_row(
+        t.name, size, len(headers), plan.block_bytes, statistics.median(ours_s), statistics.median(raw_s)
+    )
     bare = statistics.median(bare_s)
     row.update(bare_s=bare, bare_gbps=size / bare / 1e9, bare_ratio=row["raw_s"] / bare)
     return row
@@ -164,7 +166,7 @@ def _bare_cut(buf: np.ndarray, sizes: list[int]) -> tuple[list[tuple[int, memory
     return msgs, blocks
 
 
-def _row(backend: str, size: int, blocks: int, block_bytes: int, ours: float, raw: float) -> dict[str, Any]:
+def transport_row(backend: str, size: int, blocks: int, block_bytes: int, ours: float, raw: float) -> dict[str, Any]:
     return {
         "backend": backend,
         "nbytes": size,

@@ -198,7 +198,7 @@ class ReplicaWorker:
             if batched:
                 assert self.batcher is not None
                 marks.append(("rebuild", time.perf_counter()))
-                req = self.batcher.submit(ids[cached:], None, shared, plan.decode_steps)
+                req = self.batcher.submit(ids[cached:], None, shared, max(1, plan.decode_steps))
                 first, rebuilt = req.wait_first(), 0
             else:
                 cache = self._cache_of(prefix)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from graphflow.workflow.corpus import Workflow, _topo_order
+from graphflow.workflow.corpus import Workflow, topo_order
 from graphflow.workflow.templates import template_for
 
 __all__ = ["ROOT", "ExecGraph", "ExecNode", "compile_workflow", "node_context", "node_path"]
@@ -58,7 +58,7 @@ class ExecGraph:
 
 
 def compile_workflow(w: Workflow) -> ExecGraph:
-    order = _topo_order([n.id for n in w.nodes], w.edges)
+    order = topo_order([n.id for n in w.nodes], w.edges)
     preds = {nid: tuple(s for s, d in w.edges if d == nid) for nid in order}
     nodes = []
     for nid in order:

@@ -111,14 +111,14 @@ class Workflow:
     def depths(self) -> dict[str, int]:
         """Longest path (in edges) from any source to each node."""
         depth = {n.id: 0 for n in self.nodes}
-        for nid in _topo_order([n.id for n in self.nodes], self.edges):
+        for nid in topo_order([n.id for n in self.nodes], self.edges):
             for src, dst in self.edges:
                 if src == nid:
                     depth[dst] = max(depth[dst], depth[src] + 1)
         return depth
 
 
-def _topo_order(ids: list[str], edges: Iterable[tuple[str, str]]) -> list[str]:
+def topo_order(ids: list[str], edges: Iterable[tuple[str, str]]) -> list[str]:
     indeg = {i: 0 for i in ids}
     out: dict[str, list[str]] = {i: [] for i in ids}
     for s, d in edges:
@@ -137,7 +137,7 @@ def _topo_order(ids: list[str], edges: Iterable[tuple[str, str]]) -> list[str]:
 
 
 def _has_cycle(ids: list[str], edges: Iterable[tuple[str, str]]) -> bool:
-    return len(_topo_order(ids, list(edges))) != len(ids)
+    return len(topo_order(ids, list(edges))) != len(ids)
 
 
 def default_corpus_path() -> Path:

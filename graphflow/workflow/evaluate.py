@@ -79,7 +79,7 @@ def _metrics(pred: Workflow, pred_s: Structure, target: Structure) -> dict[str, 
     }
 
 
-def _sample(tasks: list[TaskExample], k: int, seed: int) -> list[TaskExample]:
+def sample_tasks(tasks: list[TaskExample], k: int, seed: int) -> list[TaskExample]:
     by: dict[str, list[TaskExample]] = {}
     for t in tasks:
         by.setdefault(t.benchmark, []).append(t)
@@ -148,9 +148,9 @@ def evaluate_generator(
         g = WGraph.build(train_wfs)
         train = [
             (t.text, refs[t.benchmark])
-            for t in _sample([t for t in tasks if t.benchmark != x], s.train_tasks_per_benchmark, s.seed)
+            for t in sample_tasks([t for t in tasks if t.benchmark != x], s.train_tasks_per_benchmark, s.seed)
         ]
-        test = _sample([t for t in tasks if t.benchmark == x], s.tasks_per_benchmark, s.seed)
+        test = sample_tasks([t for t in tasks if t.benchmark == x], s.tasks_per_benchmark, s.seed)
         seen = {structure(w) for w in train_wfs if not w.failed}
         have = {(g.ops[a], g.ops[b]) for a, b in g.edges} | {(TASK, g.ops[i]) for i in g.sources()}
         targets = [("loo", structure(refs[x]))]

@@ -123,6 +123,15 @@ def test_a_context_computed_upstream_is_not_prefilled_again(cluster):
     assert on.outputs == ex.run(gs, ids, "t-upstream-off", reuse=False).outputs
 
 
-def test_placement_counts_the_replicas_queues(cluster):
+def test_placement_counts_the_replicas_queues(cluster, monkeypatch):
     assert cluster.queue_lengths() == {"replica-0": 0, "replica-1": 0}
     assert all(s["batching"] and s["queue"] == 0 for s in cluster.stats())
+    ex = _executor(cluster, link_bw=1e3, prefill_b=1e-4)  # no transfers: each node recomputes or reuses
+    gs = compile_workflow(references(load_corpus())["GSM8K"])
+    ids = cluster.workers["replica-0"].encode("(queues) " + TASK)
+    for busy, idle in (("replica-0", "replica-1"), ("replica-1", "replica-0")):
+        # another client's nodes queue on `busy`, which holds the task context: this run's nodes
+        # recompute it on `idle` rather than wait there
+        monkeypatch.setattr(cluster, "queue_lengths", lambda busy=busy, idle=idle: {busy: 50, idle: 0})
+        got = ex.run(gs, ids, f"t-queue-{busy}", pin={"ROOT": busy})
+        assert got.trace[0].replica == busy and {t.replica for t in got.nodes} == {idle}
