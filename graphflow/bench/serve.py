@@ -252,6 +252,10 @@ def run_serve_bench(model: str, replicas: int, workflows: Sequence[int], root_to
                     say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:  # fmt: skip
     """Every measurement for each mode (batching on / off) on a fresh embedded deployment, and
     with ``scripted`` the scripted agents job at the largest workflow count."""
+    if not workflows or min(workflows) < 1 or min(root_tokens, agents, decode) < 1:
+        raise ValueError("workflows, --root-tokens, --agents and --decode must all be at least 1")
+    if memory_agents < 0 or hol_prefill < 0 or (memory_agents and memory_root < 1):
+        raise ValueError("--memory-agents and --hol-prefill must be non-negative, --memory-root positive")
     rows: list[ServeRow] = []
     memory: list[MemoryRow] = []
     hol: list[HolRow] = []
