@@ -63,7 +63,6 @@ from transport.wire import (
 __all__ = ["Landed", "MessageTransport", "first_message_bytes"]
 
 
-
 class Landed(Protocol):
     """``landed(i)``: message ``i`` is complete, verify it; ``landed(i, digests)``: complete,
     and ``digests`` are the xxh3-64 of its blocks as they were written to the receive buffer."""

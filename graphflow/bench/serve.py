@@ -130,11 +130,11 @@ class ServeBench:
                 results[i] = exc
 
         begin = time.perf_counter()
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(workflows)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        workers = [threading.Thread(target=one, args=(i,)) for i in range(workflows)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
         wall = time.perf_counter() - begin
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import nn
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -75,7 +75,7 @@ class Row:
         return (self.shared.tokens if self.shared else 0) + cache_length(self.cache)
 
 
-def unsupported(model: nn.Module) -> str:
+def unsupported(model: Any) -> str:
     """Why ``model`` cannot run :func:`forward_rows` ("" when it can)."""
     config = model.config
     if config.model_type not in _ARCHS:
@@ -160,7 +160,7 @@ def merge(parts: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def forward_rows(model: nn.Module, rows: Sequence[Row]) -> list[torch.Tensor | None]:
+def forward_rows(model: Any, rows: Sequence[Row]) -> list[torch.Tensor | None]:
     """One forward over ``rows`` (see the module docstring): each row's cache grows by its
     tokens; returns each row's last-token logits ``[vocab]`` (float32), ``None`` where the row
     asked for none."""

@@ -223,8 +223,14 @@ class RayCluster:
             # NOTE: with the engine loop, the actor's threads only wait on it (its queue bounds them);
             # without it, each thread runs a forward of its own on the same cores
             actor = ray.remote(concurrency_groups={STATUS_GROUP: 2})(ReplicaActor).options(
-                name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, num_gpus=gpus_per_replica,
-                max_concurrency=cfg.max_queue if batching else 4, runtime_env={"env_vars": REPLICA_ENV}, **life,
+                name=name,
+                namespace=NAMESPACE,
+                get_if_exists=True,
+                num_cpus=0,
+                num_gpus=gpus_per_replica,
+                max_concurrency=cfg.max_queue if batching else 4,
+                runtime_env={"env_vars": REPLICA_ENV},
+                **life,
                 **place,
             )
             handles[name] = actor.remote(cfg)

@@ -324,7 +324,7 @@ class ReplicaWorker:
             blocks = self._cut(ids, self._forward(ids[cached:], self._cache_of(local))[1], [])
         admit, more = self._store_state(blocks, Lineage("materialize"), state_id, ids)
         seconds = time.perf_counter() - begin
-        events = (*evicted, *more, *([admit] if admit else []))
+        events: tuple[AdmitEvent | EvictEvent, ...] = (*evicted, *more, *([admit] if admit else []))
         return MaterializeResult(self.config.name, len(ids), seconds, admit is not None, events, reused=cached)
 
     def prefill_seconds(self, lengths: Sequence[int], repeats: int = 2) -> list[tuple[int, float]]:
