@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import ray
+
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
@@ -91,13 +93,23 @@ class Deployment:
 
 
 class ReplicaActor(ReplicaWorker):
-    """The Ray actor of a replica: a ``ReplicaWorker`` that knows its Ray node."""
+    """The Ray actor of a replica: a ``ReplicaWorker`` that knows its Ray node; its cheap calls
+    (queue length, stats) run on the ``status`` concurrency group, never behind its nodes."""
 
     def __init__(self, config: ReplicaConfig) -> None:
         import ray
 
         node = config.node or ray.get_runtime_context().get_node_id()
         super().__init__(replace(config, node=node, host=config.host or ray.util.get_node_ip_address()))
+
+    # NOTE: ray.method's stubs type the method as a remote method; the override is the same method
+    @ray.method(concurrency_group=STATUS_GROUP)
+    def queue_length(self) -> int:  # type: ignore[override]
+        return super().queue_length()
+
+    @ray.method(concurrency_group=STATUS_GROUP)
+    def stats(self) -> dict[str, Any]:  # type: ignore[override]
+        return super().stats()
 
 
 def _live_replicas(ray: Any, manager: Any) -> tuple[dict[str, Any], list[str]]:
@@ -272,16 +284,12 @@ class RayCluster:
     def call(self, replica: str, method: str, *args: Any) -> Any:
         return getattr(self.handles[replica], method).remote(*args)
 
-    def _status(self, replica: str, method: str, *args: Any) -> Any:
-        """A cheap call on the replica's status threads (answered while its nodes run)."""
-        return getattr(self.handles[replica], method).options(concurrency_group=STATUS_GROUP).remote(*args)
-
     def queue_lengths(self) -> dict[str, int]:
         """Node calls in each live replica now (a replica that does not answer is left out)."""
         from ray.exceptions import RayActorError
 
         got = {}
-        for r, ref in [(r, self._status(r, "queue_length")) for r in list(self.replicas)]:
+        for r, ref in [(r, self.call(r, "queue_length")) for r in list(self.replicas)]:
             with contextlib.suppress(RayActorError):
                 got[r] = int(self.ray.get(ref))
         return got
@@ -362,7 +370,7 @@ class RayCluster:
         stats = []
         for r in list(self.replicas):
             try:
-                stats.append(self.ray.get(self._status(r, "stats")))
+                stats.append(self.ray.get(self.call(r, "stats")))
             except RayActorError:  # died (with its node, maybe): stop using it
                 self.drop_replica(r)
                 self.lost.append(r)
