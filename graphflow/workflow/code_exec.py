@@ -27,8 +27,8 @@ try:
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
     resource.setrlimit(resource.RLIMIT_CPU, (%(cpu)d, %(cpu)d))
-except Exception:
-    pass
+except Exception as exc:
+    sys.stderr.write("__GRAPHFLOW_LIMITS__ " + type(exc).__name__ + ": " + str(exc) + "\n")
 src = sys.stdin.read()
 ns = {"__name__": "__graphflow_solution__"}
 exec(compile(src, "<model code>", "exec"), ns)
@@ -43,6 +43,7 @@ if callable(fn):
     print("\n__GRAPHFLOW_RESULT__ " + repr(value) if not isinstance(value, str) else "\n__GRAPHFLOW_RESULT__ " + value)
 """
 _MARK = "__GRAPHFLOW_RESULT__ "
+_LIMITS = "__GRAPHFLOW_LIMITS__ "
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,7 @@ class CodeResult:
     ok: bool
     value: str  # solve()'s return value as text, or the code's printed output without solve
     error: str = ""  # the last line of the traceback, "timeout" or "no code"
+    unlimited: str = ""  # why the 1 GiB memory and CPU-time limits could not be set ("" = they were)
 
     def as_text(self) -> str:
         return f"\nResult: {self.value}\n" if self.ok else f"\nError: {self.error}\n"
@@ -79,10 +81,22 @@ def run_solve(code: str | None, timeout_s: float = 5.0, max_chars: int = 2000) -
         )
     except subprocess.TimeoutExpired:
         return CodeResult(False, "", "timeout")
+    unlimited, lines = _limits(proc.stderr)
     if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        return CodeResult(False, "", (lines[-1] if lines else f"exit status {proc.returncode}")[:max_chars])
+        error = (lines[-1] if lines else f"exit status {proc.returncode}")[:max_chars]
+        return CodeResult(False, "", error, unlimited)
     out = proc.stdout
     at = out.rfind(_MARK)
     value = out[at + len(_MARK) :] if at >= 0 else out
-    return CodeResult(True, value.strip()[:max_chars])
+    return CodeResult(True, value.strip()[:max_chars], "", unlimited)
+
+
+def _limits(stderr: str) -> tuple[str, list[str]]:
+    """(why the limits were not set, or ""; the other non-empty stderr lines)."""
+    why, lines = "", []
+    for line in stderr.strip().splitlines():
+        if line.startswith(_LIMITS):
+            why = line[len(_LIMITS) :].strip()
+        elif line.strip():
+            lines.append(line)
+    return why, lines

@@ -36,3 +36,17 @@ def test_the_code_cannot_touch_this_process():
     marker = []
     run_solve("import sys\nsys.modules.clear()\ndef solve():\n    return 1\n")
     assert marker == [] and extract_code("```\nx = 1\n```") == "x = 1\n"
+
+
+def test_the_result_says_whether_the_sandbox_limits_were_set():
+    ok = run_solve("def solve():\n    return 6 * 7\n")
+    assert ok.ok and ok.value == "42" and ok.unlimited == ""  # Linux sets both limits
+    hog = run_solve("def solve():\n    return len(bytearray(2 << 30))\n")  # over the 1 GiB address-space limit
+    assert not hog.ok and "MemoryError" in hog.error
+
+
+def test_a_limit_that_could_not_be_set_is_reported_not_swallowed():
+    from graphflow.workflow.code_exec import _limits
+
+    why, lines = _limits("__GRAPHFLOW_LIMITS__ ValueError: not allowed\nTraceback\nZeroDivisionError: x\n")
+    assert why == "ValueError: not allowed" and lines[-1] == "ZeroDivisionError: x"
