@@ -37,8 +37,7 @@ The loop is a plain class: :meth:`Batcher.step` runs one step (tests drive it di
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -65,8 +64,6 @@ class Request:
     cache: DynamicCache
     shared: SharedPrefix | None
     max_new: int
-    submitted_at: float = 0.0
-    first_token_at: float = 0.0  # clock time the first token was ready (0: not yet)
     output: list[int] = field(default_factory=list)
     _fed: int = 0  # prompt tokens already run
     _done: threading.Event = field(default_factory=threading.Event)
@@ -116,7 +113,6 @@ class Batcher:
         max_batch_tokens: int = MAX_BATCH_TOKENS,
         max_rows: int = BATCH_ROWS,
         max_queue: int = 64,
-        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         why = unsupported(engine.model)
         if why:
@@ -130,7 +126,6 @@ class Batcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_rows = max_rows
         self.max_queue = max_queue
-        self.clock = clock
         self._waiting: list[Request] = []
         self._running: list[Request] = []
         self._cv = threading.Condition()
@@ -159,7 +154,6 @@ class Batcher:
             cache if cache is not None else self.engine.new_cache(),
             shared,
             max_new,
-            submitted_at=self.clock(),
         )
         with self._cv:
             if self._stopping:
@@ -187,11 +181,6 @@ class Batcher:
         with self._cv:
             return len(self._waiting) + len(self._running)
 
-    @property
-    def pending_prefill_tokens(self) -> int:
-        with self._cv:
-            return sum(r.prefill_left for r in (*self._waiting, *self._running))
-
     # ---- the loop ------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """One forward over the running requests (admitting waiting ones first); returns the
@@ -214,7 +203,6 @@ class Batcher:
             for r in finished:
                 r._finish(exc)
             return finished
-        now = self.clock()
         finished = []
         for (r, tokens), out in zip(batch, logits, strict=True):
             r._fed += len(tokens) if r.prefill_left else 0
@@ -222,7 +210,6 @@ class Batcher:
                 continue
             r.output.append(int(torch.argmax(out)))
             if len(r.output) == 1:
-                r.first_token_at = now
                 r._first.set()
             if len(r.output) >= r.max_new:
                 finished.append(r)

@@ -51,8 +51,3 @@ class SharedPrefixes:
                 del self._held[key]
             else:
                 self._held[key] = (prefix, readers - 1)
-
-    @property
-    def held_bytes(self) -> int:
-        with self._lock:
-            return sum(p.nbytes for p, _ in self._held.values())
