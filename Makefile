@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	@if [ ! -x $(BIN)/python ] || ! $(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then \
 		rm -rf $(VENV); $(PYTHON) -m venv $(VENV); fi
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,peers]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -268,18 +268,22 @@ def bench_transport_cmd(
     block_bytes: str = typer.Option("1MiB", help="Bytes per KV block in our transfers."),
     iters: int = typer.Option(5, help="Back-to-back transfers per measurement."),
     repeats: int = typer.Option(3, help="Measurements per point (median reported)."),
+    peers: str = typer.Option(
+        "", help="Comma-separated peer libraries timed on the same plan: nixl, mooncake (the peers extra)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Our transfers vs each backend's raw reference, between two processes, same run (ucx and
-    mpi also time the bare ceiling: the wire's data messages, hashed on arrival, no protocol)."""
+    mpi also time the bare ceiling: the wire's data messages, hashed on arrival, no protocol);
+    with --peers, NIXL and Mooncake move the same blocks and the ucx rows gain ours ÷ peer."""
     from graphflow.bench.transport import bench_transport, parse_size
     from graphflow.bench.transport_pair import BenchPlan
 
-    names = [b.strip() for b in backends.split(",") if b.strip()]
+    names = _names(backends)
     plan = BenchPlan([parse_size(x) for x in sizes.split(",")], parse_size(block_bytes), iters, 2, repeats)
-    rows = bench_transport(names, plan, say=_say(json_out))
+    rows, peer_results = bench_transport(names, plan, say=_say(json_out), peers=_names(peers))
     if json_out:
-        _emit({"rows": rows})
+        _emit({"rows": rows, "peers": peer_results})
         return
     table = Table("backend", "bytes", "blocks", "ours GB/s", "raw GB/s", "ratio", "overhead µs", "bare ratio",
                   title="transport")  # fmt: skip
@@ -288,6 +292,29 @@ def bench_transport_cmd(
         table.add_row(r["backend"], f"{r['nbytes']:,}", str(r["blocks"]), f"{r['ours_gbps']:.2f}",
                       f"{r['raw_gbps']:.2f}", f"{r['ratio']:.2f}", f"{r['overhead_us']:.0f}", bare)  # fmt: skip
     out.print(table)
+    if peer_results:
+        out.print(_peer_table(rows, peer_results))
+
+
+def _names(csv: str) -> list[str]:
+    return [x.strip() for x in csv.split(",") if x.strip()]
+
+
+def _peer_table(rows: list[dict[str, Any]], peers: list[dict[str, Any]]) -> Table:
+    """One line per peer × size: its GB/s beside ours over UCX, or why the peer could not run.
+    The peers check no bytes on arrival (ours hashes every block)."""
+    ours = {r["nbytes"]: r["ours_gbps"] for r in rows if r["backend"] == "ucx"}
+    table = Table("peer", "bytes", "peer GB/s", "ours ucx GB/s", "ours ÷ peer", "checksums", title="peers")
+    for p in peers:
+        if "unavailable" in p:
+            table.add_row(p["peer"], "—", "—", "—", "—", escape(p["unavailable"]))
+            continue
+        for r in p["rows"]:
+            mine = ours.get(r["nbytes"])
+            ratio = f"{mine / r['peer_gbps']:.2f}" if mine else "—"
+            mine_text = f"{mine:.2f}" if mine else "—"
+            table.add_row(p["peer"], f"{r['nbytes']:,}", f"{r['peer_gbps']:.2f}", mine_text, ratio, "none")
+    return table
 
 
 @bench_app.command("verify-ceiling")

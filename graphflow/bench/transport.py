@@ -11,6 +11,9 @@
   and receive in B, run concurrently.
 Every number is the median of ``repeats × iters`` individually timed transfers after warm-up
 (the two-process backends time ``iters`` back-to-back transfers per measurement instead).
+
+``peers`` (``nixl``, ``mooncake``; ``graphflow.bench.peers``) run after the backends, same plan,
+between two processes of their own; the ucx rows gain ``peer_gbps`` and ``ours_over_peer``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -176,10 +179,16 @@ def _bench_ray(plan: BenchPlan) -> list[dict[str, Any]]:
 
 
 def bench_transport(
-    backends: list[str], plan: BenchPlan, say: Callable[[str], None] = lambda _m: None
-) -> list[dict[str, Any]]:
+    backends: list[str], plan: BenchPlan, say: Callable[[str], None] = lambda _m: None, peers: Sequence[str] = ()
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Rows ``backend, nbytes, ours_gbps, raw_gbps, ratio, overhead_us`` for every backend × size
-    (ucx and mpi rows add ``bare_gbps`` and ``bare_ratio``, see ``transport_pair``)."""
+    (ucx and mpi rows add ``bare_gbps`` and ``bare_ratio``, see ``transport_pair``), and one
+    result per peer (``graphflow.bench.peers.run_peer``: its rows, or why it could not run)."""
+    from graphflow.bench.peers import PEERS, peer_columns, run_peer
+
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise ValueError(f"unknown peer {unknown[0]!r}; use {', '.join(PEERS)}")
     rows: list[dict[str, Any]] = []
     for backend in backends:
         say(f"benchmarking {backend}")
@@ -198,4 +207,11 @@ def bench_transport(
             rows += run_two_processes(backend, args, timeout_s=1800)[0]
         else:
             raise ValueError(f"unknown backend {backend!r}; use ucx, mpi, ray or local")
-    return rows
+    results = []
+    for peer in peers:
+        say(f"benchmarking peer {peer}")
+        results.append(run_peer(peer, plan))
+        if "unavailable" in results[-1]:
+            say(results[-1]["unavailable"])
+    peer_columns(rows, results)
+    return rows, results

@@ -20,7 +20,7 @@ from typing import Any
 from graphflow.harness.netns import ShapedLink
 from transport.errors import TransportError
 
-__all__ = ["mpirun_command", "run_two_processes"]
+__all__ = ["mpirun_command", "run_module_pair", "run_two_processes"]
 
 
 def mpirun_command(n: int) -> list[str]:
@@ -66,21 +66,39 @@ def run_two_processes(
         if link is not None:
             cmds = [link.prefix(r) + cmd for r, cmd in enumerate(cmds)]
             envs = [{**env, **link.env(r)} for r, env in enumerate(envs)]
-        procs = [
-            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            for cmd, env in zip(cmds, envs, strict=True)
-        ]
-        try:
-            errors = _wait_both(procs, timeout_s)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if errors:
-            raise TransportError(f"{backend} pair failed: {'; '.join(errors)}")
-        results = [json.loads((Path(tmp) / f"result{r}.json").read_text()) for r in (0, 1)]
-        return results[0], results[1]
+        return _run(backend, cmds, envs, Path(tmp), timeout_s)
+
+
+def run_module_pair(module: str, args: list[str], timeout_s: float) -> tuple[Any, Any]:
+    """Run ``python -m module --role r --rendezvous DIR *args`` as roles 0 and 1 (each writes
+    ``DIR/result{r}.json``); return both results.
+
+    Raises:
+        TransportError: a process failed or did not finish within ``timeout_s``.
+    """
+    with tempfile.TemporaryDirectory(prefix="graphflow-pair-") as tmp:
+        cmds = [[sys.executable, "-m", module, "--role", str(r), "--rendezvous", tmp, *args] for r in (0, 1)]
+        return _run(module, cmds, [_env(), _env()], Path(tmp), timeout_s)
+
+
+def _run(
+    what: str, cmds: list[list[str]], envs: list[dict[str, str]], folder: Path, timeout_s: float
+) -> tuple[Any, Any]:
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for cmd, env in zip(cmds, envs, strict=True)
+    ]
+    try:
+        errors = _wait_both(procs, timeout_s)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if errors:
+        raise TransportError(f"{what} pair failed: {'; '.join(errors)}")
+    results = [json.loads((folder / f"result{r}.json").read_text()) for r in (0, 1)]
+    return results[0], results[1]
 
 
 def _wait_both(procs: list[subprocess.Popen[str]], timeout_s: float) -> list[str]:

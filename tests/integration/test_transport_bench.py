@@ -15,7 +15,7 @@ BACKENDS = [pytest.param("ucx", marks=pytest.mark.ucx), pytest.param("mpi", mark
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_pair_bench_rows_carry_ours_raw_and_bare(backend):
     plan = BenchPlan(sizes=[1 << 18, 5 << 18], block_bytes=1 << 18, iters=2, warmup=1, repeats=2)
-    rows = bench_transport([backend], plan)
+    rows, _ = bench_transport([backend], plan)
     assert [(r["backend"], r["nbytes"], r["blocks"]) for r in rows] == [(backend, 1 << 18, 1), (backend, 5 << 18, 5)]
     for r in rows:
         for kind in ("ours", "raw", "bare"):
