@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.common import read_csv, replace_section, save_figure, write_csv, write_meta
+from experiments.common import (
+    add_provenance,
+    guard_tree,
+    output_dir,
+    read_csv,
+    replace_section,
+    save_figure,
+    write_csv,
+    write_meta,
+)
 from graphflow.harness.launch import run_two_processes
 
 __all__ = ["SYSTEM_LABELS", "Study", "by_system", "ideal_s", "reduce", "run_agents", "same_tokens", "study_main"]
@@ -154,11 +163,14 @@ def study_main(study: Study, doc: str | None) -> None:
                    help=f"{root}-token roots, {study.counts} {counts}, {decode} tokens (≤ 60 s)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("--report", action="store_true", help="only regenerate table, plot and summary from the CSVs")
+    add_provenance(p)
     args = p.parse_args()
-    results = study.folder / "results"
+    guard_tree(args.allow_dirty, args.quick)
+    results = output_dir(study.folder, args.quick)
+    meta_folder = results if args.quick else study.folder
     if args.report:
-        meta = json.loads((study.folder / "meta.json").read_text()).get("job", {})
-        _publish(study, read_csv(results / "trials.csv"), meta, args.json)
+        meta = json.loads((meta_folder / "meta.json").read_text()).get("job", {})
+        _publish(study, read_csv(results / "trials.csv"), meta, args.json, results)
         return
     if args.quick:
         args.root_tokens, suffix_counts, args.suffix, args.decode = root, counts, suffix, decode
@@ -172,19 +184,21 @@ def study_main(study: Study, doc: str | None) -> None:
     trials, meta = run_agents(args.model, args.root_tokens, study.workloads(ns), suffix=args.suffix,
                               decode=args.decode, repeats=args.repeats)  # fmt: skip
     write_csv(results / "trials.csv", trials)
-    write_meta(study.folder, model=args.model, root_tokens=args.root_tokens, **{study.counts: ns},
+    write_meta(meta_folder, model=args.model, root_tokens=args.root_tokens, **{study.counts: ns},
                suffix=args.suffix, decode=args.decode, repeats=args.repeats, quick=args.quick, backend="ucx",
                replicas=2, job=meta)  # fmt: skip
-    _publish(study, trials, meta, args.json)
+    _publish(study, trials, meta, args.json, results)
 
 
-def _publish(study: Study, trials: list[dict[str, Any]], meta: dict[str, Any], as_json: bool) -> None:
-    results = study.folder / "results"
+def _publish(study: Study, trials: list[dict[str, Any]], meta: dict[str, Any], as_json: bool, results: Path) -> None:
+    """Reduced CSV, summary, plot and table into ``results``; the README's table only from a
+    full run's results (``output_dir``)."""
     rows = reduce(trials)
     write_csv(results / f"{study.name}.csv", rows)
     stored = read_csv(results / f"{study.name}.csv")
     summary = study.summarize(rows, trials)
     (results / "summary.json").write_text(json.dumps(summary, indent=2))
     study.plot(stored, results / f"{study.name}.png")
-    replace_section(study.folder / "README.md", "table", study.table(stored, meta))
+    if results == output_dir(study.folder, False):
+        replace_section(study.folder / "README.md", "table", study.table(stored, meta))
     print(json.dumps(summary) if as_json else study.table(stored, meta))

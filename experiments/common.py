@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import hashlib
 import json
@@ -13,7 +14,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["git_state", "read_csv", "replace_section", "save_figure", "write_csv", "write_meta"]
+__all__ = [
+    "add_provenance",
+    "git_state",
+    "guard_tree",
+    "output_dir",
+    "read_csv",
+    "replace_section",
+    "save_figure",
+    "write_csv",
+    "write_meta",
+]
 
 _PACKAGES = ("torch", "transformers", "ray", "pyarrow", "numpy", "torch-geometric", "ucxx-cu12", "mpi4py")
 
@@ -36,6 +47,38 @@ def git_state(root: Path) -> dict[str, Any]:
 
 _ROOT = Path(__file__).resolve().parents[1]
 STARTED_AT = git_state(_ROOT)  # NOTE: taken when a study starts (imports this), not when it writes
+_RUN = {"dirty_allowed": False}  # NOTE: set by guard_tree; write_meta and replace_section record it
+
+
+def add_provenance(parser: argparse.ArgumentParser) -> None:
+    """``--allow-dirty``, which every study that writes committed results takes."""
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write results although the tree has uncommitted changes (recorded in meta.json "
+        "and shown under the generated tables)",
+    )
+
+
+def guard_tree(allow_dirty: bool, quick: bool = False) -> None:
+    """Refuse a run that would write committed results from a tree with uncommitted changes,
+    unless ``--allow-dirty`` (then meta.json and every generated table say so). ``--quick`` runs
+    write under the ignored ``out/`` folders, so they may run from any tree."""
+    dirty = bool(STARTED_AT["git_dirty"])
+    if dirty and not allow_dirty and not quick:
+        raise SystemExit(
+            "the tree has uncommitted changes (see git status), so these results could not be traced to "
+            "a commit: commit first, or pass --allow-dirty to write them marked as dirty"
+        )
+    _RUN["dirty_allowed"] = dirty and allow_dirty
+
+
+def output_dir(folder: Path, quick: bool, sub: str = "") -> Path:
+    """Where a run writes: ``folder/results[/sub]``, or for ``--quick`` the ignored
+    ``folder/out/quick[-sub]`` (a quick check never overwrites committed results)."""
+    if quick:
+        return folder / "out" / ("quick-" + sub if sub else "quick")
+    return folder / "results" / sub if sub else folder / "results"
 
 
 def write_meta(folder: Path, **extra: Any) -> None:
@@ -49,6 +92,7 @@ def write_meta(folder: Path, **extra: Any) -> None:
             versions[p] = None
     meta = {
         **STARTED_AT,
+        "allow_dirty": _RUN["dirty_allowed"],
         "packages": versions,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         **extra,
@@ -71,7 +115,13 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def replace_section(readme: Path, name: str, body: str) -> None:
-    """Replace the text between ``<!-- BEGIN name -->`` and ``<!-- END name -->``."""
+    """Replace the text between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` (with a line
+    saying so under ``body`` when the run was allowed to start from a dirty tree)."""
+    if _RUN["dirty_allowed"]:
+        body += (
+            f"\n\n> **Dirty tree**: generated with `--allow-dirty` from {STARTED_AT['git_sha'][:10]} plus "
+            f"uncommitted changes (diff sha256 {STARTED_AT['git_diff_sha256'][:12]})."
+        )
     text = readme.read_text()
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
     if begin not in text:

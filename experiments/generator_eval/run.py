@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import read_csv, replace_section, write_csv, write_meta
+from experiments.common import add_provenance, guard_tree, output_dir, read_csv, replace_section, write_csv, write_meta
 from graphflow.workflow.corpus import load_corpus
 from graphflow.workflow.evaluate import METHODS, EvalSettings, bootstrap_ci, evaluate_generator
 from graphflow.workflow.tasks import load_tasks
@@ -53,14 +53,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="10 tasks per benchmark, 10 epochs (≤ 60 s)")
     p.add_argument("--json", action="store_true")
+    add_provenance(p)
     args = p.parse_args()
+    guard_tree(args.allow_dirty, args.quick)
     s = EvalSettings(tasks_per_benchmark=10, train_tasks_per_benchmark=20, epochs=10) if args.quick else EvalSettings()
     summary, rows = evaluate_generator(load_tasks(), load_corpus(), s)
-    results = HERE / "results"
+    results = output_dir(HERE, args.quick)
     write_csv(results / "eval_rows.csv", rows)
     (results / "summary.json").write_text(json.dumps(summary, indent=2))
-    write_meta(HERE, settings={"tasks_per_benchmark": s.tasks_per_benchmark, "epochs": s.epochs, "quick": args.quick})
-    replace_section(HERE / "README.md", "tables", table_from_csv(results / "eval_rows.csv"))
+    settings = {"tasks_per_benchmark": s.tasks_per_benchmark, "epochs": s.epochs, "quick": args.quick}
+    write_meta(results if args.quick else HERE, settings=settings)
+    if not args.quick:
+        replace_section(HERE / "README.md", "tables", table_from_csv(results / "eval_rows.csv"))
     if args.json:
         print(json.dumps(summary))
 

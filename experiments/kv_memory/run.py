@@ -30,7 +30,15 @@ from typing import Any
 
 import torch
 
-from experiments.common import replace_section, save_figure, write_csv, write_meta
+from experiments.common import (
+    add_provenance,
+    guard_tree,
+    output_dir,
+    replace_section,
+    save_figure,
+    write_csv,
+    write_meta,
+)
 from graphflow.kv.blend import rebuild_template
 from graphflow.kv.differential import ResidualCodec, apply_residual, base_kv
 from graphflow.kv.diffstore import DifferentialKV
@@ -381,7 +389,9 @@ def main() -> None:
         "--quick", action="store_true", help="6 tasks, 4 tokens, three codecs (≤ 60 s); writes out/quick/, not results/"
     )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    add_provenance(p)
     args = p.parse_args()
+    guard_tree(args.allow_dirty, args.quick)
     if args.quick:
         args.tasks, args.decode, args.refs, args.min_count = 6, 4, 1, 2
     codecs = QUICK_CODECS if args.quick else CODECS
@@ -404,8 +414,7 @@ def main() -> None:
     s = summarize(r)
     keys = ("tasks", "decode", "refs", "min_count", "max_task_tokens", "recompute_tail", "quick")
     settings = {k: getattr(args, k) for k in keys}
-    # a --quick check never overwrites the committed full-run results
-    results = HERE / "out" / "quick" if args.quick else HERE / "results"
+    results = output_dir(HERE, args.quick)
     results.mkdir(parents=True, exist_ok=True)
     write_csv(results / "executions.csv", r["rows"])
     (results / "summary.json").write_text(json.dumps({"model": args.model, **settings, **s}, indent=2))

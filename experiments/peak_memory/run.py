@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from experiments.agents_job import SYSTEM_LABELS, reduce, run_agents
-from experiments.common import read_csv, replace_section, save_figure, write_csv, write_meta
+from experiments.common import (
+    add_provenance,
+    guard_tree,
+    output_dir,
+    read_csv,
+    replace_section,
+    save_figure,
+    write_csv,
+    write_meta,
+)
 
 HERE = Path(__file__).parent
 MULTI_AGENT = HERE.parent / "multi_agent"
@@ -108,8 +117,10 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="512-token root, k = 1, 2, 4, 8 tokens (≤ 60 s)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("--report", action="store_true", help="only regenerate table, plot and summary from the CSV")
+    add_provenance(p)
     args = p.parse_args()
-    results = HERE / "results"
+    guard_tree(args.allow_dirty, args.quick)
+    results = output_dir(HERE, args.quick)
     if args.report:
         _publish(read_csv(results / "peak_memory.csv"), results, args.json)
         return
@@ -131,7 +142,14 @@ def main() -> None:
                     "decode": args.decode, "quick": args.quick}  # fmt: skip
     rows = memory_rows(reduce(trials), int(job["root_bytes"]))
     write_csv(results / "peak_memory.csv", rows)
-    write_meta(HERE, **settings, source=source, root_bytes=job["root_bytes"], backend="ucx", replicas=2)
+    write_meta(
+        results if args.quick else HERE,
+        **settings,
+        source=source,
+        root_bytes=job["root_bytes"],
+        backend="ucx",
+        replicas=2,
+    )
     _publish(rows, results, args.json)
 
 
@@ -140,7 +158,8 @@ def _publish(rows: list[dict[str, Any]], results: Path, as_json: bool) -> None:
     summary = summarize(stored)  # type: ignore[arg-type]
     (results / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(stored, results / "peak_memory.png")
-    replace_section(HERE / "README.md", "table", table(stored))
+    if results == output_dir(HERE, False):
+        replace_section(HERE / "README.md", "table", table(stored))
     print(json.dumps(summary) if as_json else table(stored))
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import read_csv, replace_section, write_csv, write_meta
+from experiments.common import add_provenance, guard_tree, output_dir, read_csv, replace_section, write_csv, write_meta
 from graphflow.kv.differential import base_kv, near_zero_fractions, residual, template_kv
 from graphflow.models.engine import Engine
 from graphflow.workflow.tasks import load_tasks
@@ -99,11 +99,12 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="2 tasks (≤ 60 s); writes out/quick/, not results/")
     p.add_argument("--json", action="store_true")
+    add_provenance(p)
     args = p.parse_args()
+    guard_tree(args.allow_dirty, args.quick)
     n = 2 if args.quick else args.tasks
     rows = measure(args.model, n)
-    # a --quick check never overwrites the committed full-run results
-    results = HERE / "out" / "quick" if args.quick else HERE / "results"
+    results = output_dir(HERE, args.quick)
     results.mkdir(parents=True, exist_ok=True)
     csv_path = results / "rows.csv"
     write_csv(csv_path, rows)

@@ -4,7 +4,7 @@
 :func:`graphflow.bench.serve.run_serve_bench` (embedded Ray, the served path end to end,
 batching on and off in the same run, plus the scripted agents job for comparison) and writes
 ``results/served/bench_serve.json``, ``meta.json`` and the README's served table. ``--quick``
-(tiny sizes, a random tiny model) writes under ``out/served-quick/`` and never touches
+(tiny sizes, a random tiny model) writes under ``out/quick-served/`` and never touches
 committed results.
 """
 
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments.common import replace_section, write_meta
+from experiments.common import add_provenance, guard_tree, output_dir, replace_section, write_meta
 from graphflow.bench.serve import run_serve_bench
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 
@@ -91,10 +91,12 @@ def table(result: dict[str, Any], settings: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="tiny-llama, small sizes; writes out/served-quick/")
+    parser.add_argument("--quick", action="store_true", help="tiny-llama, small sizes; writes out/quick-served/")
     parser.add_argument("--no-scripted", action="store_true", help="skip the scripted agents job")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    add_provenance(parser)
     args = parser.parse_args()
+    guard_tree(args.allow_dirty, args.quick)
     s = QUICK if args.quick else FULL
     say = (lambda _m: None) if args.json else (lambda m: print(f"… {m}", flush=True))
     result = run_serve_bench(
@@ -113,7 +115,7 @@ def main() -> None:
         scripted=not args.no_scripted,
         say=say,
     )
-    folder = HERE / ("out/served-quick" if args.quick else "results/served")
+    folder = output_dir(HERE, args.quick, "served")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "bench_serve.json").write_text(json.dumps(result, indent=2))
     write_meta(

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.common import read_csv, replace_section, write_meta
+from experiments.common import add_provenance, guard_tree, read_csv, replace_section, write_meta
 from graphflow.bench.sweep_run import run_deployment_sweep
 from graphflow.harness.cluster import ClusterSpec, cluster_down, cluster_up, parse_links
 from graphflow.runtime.cluster import shutdown
@@ -61,7 +61,9 @@ def main() -> None:
     p.add_argument("--contexts", default="256,1024,4096")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    add_provenance(p)
     args = p.parse_args()
+    guard_tree(args.allow_dirty)
     contexts = [int(c) for c in args.contexts.split(",")]
     out = HERE / "results" / "deployment"
     default, pairs = parse_links(LINKS)

@@ -22,7 +22,16 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from experiments.common import read_csv, replace_section, save_figure, write_csv, write_meta
+from experiments.common import (
+    add_provenance,
+    guard_tree,
+    output_dir,
+    read_csv,
+    replace_section,
+    save_figure,
+    write_csv,
+    write_meta,
+)
 from graphflow.harness.launch import run_two_processes
 
 HERE = Path(__file__).parent
@@ -124,8 +133,10 @@ def main() -> None:
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads of every process (0: this process's count)")
     p.add_argument("--capacity-mib", type=int, default=2048, help="--served: KV store per replica, all prefaulted")
+    add_provenance(p)
     args = p.parse_args()
-    results = HERE / "results"
+    guard_tree(args.allow_dirty, args.quick)
+    results = output_dir(HERE, args.quick)
     if args.served:
         _served(args)
         return
@@ -145,8 +156,8 @@ def main() -> None:
             print(f"{model}: contexts {contexts}")
         rows += measure(model, contexts, args.suffix, args.repeats)
     write_csv(results / "ttft.csv", rows)
-    write_meta(HERE, models=args.models.split(","), contexts=contexts, suffix=args.suffix, repeats=args.repeats,
-               quick=args.quick, backend="ucx", processes=2)  # fmt: skip
+    settings = {"models": args.models.split(","), "contexts": contexts, "suffix": args.suffix, "repeats": args.repeats}
+    write_meta(results if args.quick else HERE, **settings, quick=args.quick, backend="ucx", processes=2)
     _publish(rows, results, args.json)
 
 
@@ -167,13 +178,14 @@ def _served(args: argparse.Namespace) -> None:
     suffix = served["rows"][0]["suffix"]
     scripted = {int(r["context"]): r for r in measure(model, contexts, suffix, repeats, threads)}
     rows = [served_row(model, s, scripted[s["context"]]) for s in served["rows"]]
-    out = HERE / "results" / "served"
+    out = output_dir(HERE, args.quick, "served")
     write_csv(out / "served.csv", rows)
     write_meta(out, model=model, contexts=contexts, suffix=suffix, repeats=repeats, threads=threads,
                replica_threads=served["threads"], prefaulted_bytes=served["prefaulted_bytes"],
                transport=served["transport"], capacity_mib=args.capacity_mib,
                link_bandwidth_bytes_per_s=served["link_bandwidth_bytes_per_s"])  # fmt: skip
-    replace_section(HERE / "README.md", "served", served_table(rows))
+    if not args.quick:
+        replace_section(HERE / "README.md", "served", served_table(rows))
     summary = {"served_over_scripted_max": max(r["served_over_scripted"] for r in rows),
                "rows": [{k: r[k] for k in ("context", "decision", "served_s", "ours_s", "served_over_scripted",
                                              "served_dense_over_served")} for r in rows]}  # fmt: skip
@@ -206,7 +218,8 @@ def _publish(rows: list[dict[str, Any]], results: Path, as_json: bool) -> None:
     summary = summarize(rows)
     (results / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(stored, results / "ttft.png")
-    replace_section(HERE / "README.md", "table", table(stored))
+    if results == output_dir(HERE, False):
+        replace_section(HERE / "README.md", "table", table(stored))
     print(json.dumps(summary) if as_json else table(stored))
 
 
