@@ -1,1 +1,1 @@
-"""Reproducible studies: each folder's run.py writes CSV + meta.json, plot.py a PNG."""
+"""Reproducible studies: each folder's run.py writes CSV + meta.json; its plot.py draws the PNG from the CSV."""

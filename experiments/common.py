@@ -9,7 +9,7 @@ import json
 import os
 import platform
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,17 @@ def replace_section(readme: Path, name: str, body: str) -> None:
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     readme.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
+
+
+def plot_main(doc: str | None, results: Path, csv_name: str, png_name: str,
+              plot: Callable[[list[dict[str, str]], Path], None]) -> None:  # fmt: skip
+    """A study's ``plot.py`` command line: its CSV in, its PNG out (``--results`` picks the folder,
+    e.g. a ``--quick`` run's ``out/quick``)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", type=Path, default=results, help="folder holding the CSV; the PNG is written there")
+    args = p.parse_args()
+    plot(read_csv(args.results / csv_name), args.results / png_name)
+    print(args.results / png_name)
 
 
 def save_figure(fig: Any, png: Path) -> None:

@@ -28,12 +28,13 @@ import ctypes
 import ctypes.util
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from transport.layout import MESSAGE_BYTES, message_runs
 
-__all__ = ["HUGE_PAGE_BYTES", "HostArena", "host_arena"]
+__all__ = ["HUGE_PAGE_BYTES", "HostArena", "Reservation", "host_arena"]
 
 HUGE_PAGE_BYTES = 2 << 20
 _ALIGN = 64
@@ -86,6 +87,14 @@ def _use_count(t: torch.Tensor) -> int:
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What :meth:`HostArena.reserve` faulted in and keeps, and why not more (``""``: all)."""
+
+    nbytes: int
+    why_not: str = ""
 
 
 class HostArena:
@@ -155,17 +164,25 @@ class HostArena:
         """Bytes of own-slabs tracked for reuse (in use or idle)."""
         return self._kept_bytes
 
-    def reserve(self, nbytes: int, span_bytes: int = MESSAGE_BYTES) -> int:
+    def reserve(self, nbytes: int, span_bytes: int = MESSAGE_BYTES) -> Reservation:
         """Fault in ``nbytes`` of own-slabs of ``span_bytes`` now and keep them idle, so later
         receives land in touched memory (a block pool allocated at startup, as vLLM does);
-        bounded by ``keep_bytes``. Returns the bytes reserved."""
+        bounded by ``keep_bytes``. Returns the bytes kept, and why not all of them."""
         size = _round_up(span_bytes, HUGE_PAGE_BYTES)
-        if _USE_COUNT is None or size <= self.slab_bytes // 2:
-            return 0
+        if nbytes <= 0:
+            return Reservation(0)
+        if _USE_COUNT is None:
+            return Reservation(0, "this torch build exposes no storage use counts, so idle slabs cannot be kept")
+        if size <= self.slab_bytes // 2:
+            return Reservation(0, f"spans of {size} bytes are carved from shared slabs, which are not kept idle")
         spans = [self._own(size) for _ in range(-(-nbytes // size))]
         for span in spans:
             span.zero_()
-        return size * len(spans)
+        with self._lock:
+            kept_at = {slab.data_ptr() for slab, _ in self._kept.get(size, ())}
+        kept = size * sum(span.data_ptr() in kept_at for span in spans)
+        short = f"bounded by the arena's keep_bytes ({self.keep_bytes} bytes)" if kept < nbytes else ""
+        return Reservation(kept, short)
 
     def release_idle(self) -> int:
         """Stop keeping the own-slabs nobody uses (their memory is freed); returns their bytes."""

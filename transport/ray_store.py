@@ -7,7 +7,8 @@ the mailbox and ``get``\\s the arrays, which are zero-copy read-only views of th
 shared memory; without ``into`` the received tensors *are* those views (blocks are immutable:
 appending copies), with ``into`` they are copied into the given tensors. Checksums are
 verified either way. A sender that dies before the receiver gets its objects makes them
-unreachable: that surfaces as :class:`TransportError`.
+unreachable: that surfaces as :class:`TransportError`. The mailbox holds a posted transfer
+for twice the sender's deadline at most, and refuses one whose receiver already gave up.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import asyncio
 import time
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from transport.base import Received, TransferSpec, TransferStats, Transport, TransportConfig
-from transport.errors import TransportError, WireFormatError
+from transport.errors import TransferTimeout, TransportError, WireFormatError
 from transport.wire import BlockHeader, decode_header, encode_header, tensor_bytes, verify
 
 __all__ = ["MAILBOX_NAME", "RayTransport"]
@@ -33,24 +34,65 @@ NAMESPACE = "graphflow"
 
 
 class _Mailbox:
-    """Rendezvous of (sender, receiver, transfer) → (header, object refs); runs as a Ray actor."""
+    """Rendezvous of (sender, receiver, transfer) → (header, object refs); runs as a Ray actor.
 
-    def __init__(self) -> None:
+    Nothing stays forever: a posted transfer nobody takes within its ``ttl_s`` is dropped
+    (its refs released, so the store can free the blocks), and a post for a transfer whose
+    receiver already gave up is refused, which the sender reports as a failed transfer.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._slots: dict[tuple[str, str, int], asyncio.Future[Any]] = {}
+        self._expires: dict[tuple[str, str, int], float] = {}  # posted, not yet taken
+        self._gone: dict[tuple[str, str, int], float] = {}  # receiver gave up; refuse posts until then
+        self._clock = clock
 
     def _slot(self, key: tuple[str, str, int]) -> asyncio.Future[Any]:
         if key not in self._slots:
             self._slots[key] = asyncio.get_running_loop().create_future()
         return self._slots[key]
 
-    async def post(self, key: tuple[str, str, int], header: bytes, refs: list[Any]) -> None:
+    def _expire(self) -> None:
+        now = self._clock()
+        for key in [k for k, t in self._expires.items() if t <= now]:
+            del self._expires[key]
+            self._slots.pop(key, None)
+        for key in [k for k, t in self._gone.items() if t <= now]:
+            del self._gone[key]
+
+    async def post(self, key: tuple[str, str, int], header: bytes, refs: list[Any], ttl_s: float = 3600.0) -> bool:
+        """Leave a transfer for its receiver; ``False`` (nothing kept) if the receiver gave up."""
+        self._expire()
+        if key in self._gone:
+            return False
         self._slot(key).set_result((header, refs))
+        self._expires[key] = self._clock() + ttl_s
+        return True
 
     async def take(self, key: tuple[str, str, int], timeout_s: float) -> Any:
+        self._expire()
         try:
             return await asyncio.wait_for(self._slot(key), timeout_s)
+        except TimeoutError:
+            self._gone[key] = self._clock() + max(timeout_s, 60.0)
+            raise
         finally:
             self._slots.pop(key, None)
+            self._expires.pop(key, None)
+
+    async def abandon(self, key: tuple[str, str, int], hold_s: float = 60.0) -> None:
+        """The receiver gave up: drop what was posted (its refs released) and refuse posts for
+        ``hold_s``."""
+        self._gone[key] = self._clock() + hold_s
+        self._expires.pop(key, None)
+        slot = self._slots.pop(key, None)
+        if slot is not None and not slot.done():
+            slot.cancel()
+
+    def held(self) -> int:
+        """Transfers posted and not yet taken (their blocks are pinned in the object store)."""
+        self._expire()
+        return len(self._expires)
 
 
 class RayTransport(Transport):
@@ -91,7 +133,13 @@ class RayTransport(Transport):
             # buffers, one copy into the store); a put per block costs ~ms each.
             arrays = [tensor_bytes(t.cpu() if t.device.type != "cpu" else t) for t in tensors]
             refs = [self._ray.put(arrays)]
-            await self._mailbox.post.remote((self._address, spec.peer, spec.transfer_id), encode_header(headers), refs)
+            key = (self._address, spec.peer, spec.transfer_id)
+            # NOTE: kept for the receiver for twice our deadline, then dropped (nothing is pinned forever)
+            ttl_s = 2 * self.config.timeout_s + 5.0
+            if not await self._mailbox.post.remote(key, encode_header(headers), refs, ttl_s):
+                raise TransportError(
+                    f"ray: the receiver {spec.peer} gave up on transfer {spec.transfer_id} before it was sent"
+                )
 
         await self._deadline(self._wrap(run()), f"send of {spec.total_bytes} bytes to {spec.peer}")
         return TransferStats(self.name, spec.total_bytes, len(headers), time.perf_counter() - start)
@@ -119,7 +167,12 @@ class RayTransport(Transport):
                 tensors = [t.to(self.config.device) for t in tensors]
             return Received(headers, tensors, TransferStats(self.name, spec.total_bytes, len(headers), 0.0))
 
-        got = await self._deadline(self._wrap(run()), f"receive of {spec.total_bytes} bytes from {spec.peer}")
+        try:
+            got = await self._deadline(self._wrap(run()), f"receive of {spec.total_bytes} bytes from {spec.peer}")
+        except TransferTimeout:
+            # NOTE: told, not awaited: a sender posting from now on is refused instead of pinning its blocks
+            self._mailbox.abandon.remote((spec.peer, self._address, spec.transfer_id))
+            raise
         stats = TransferStats(self.name, spec.total_bytes, len(got.headers), time.perf_counter() - start)
         return Received(got.headers, got.tensors, stats)
 

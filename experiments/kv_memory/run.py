@@ -34,16 +34,18 @@ from experiments.common import (
     add_provenance,
     guard_tree,
     output_dir,
+    read_csv,
     replace_section,
-    save_figure,
     write_csv,
     write_meta,
 )
-from graphflow.kv.blend import rebuild_template
-from graphflow.kv.differential import ResidualCodec, apply_residual, base_kv
-from graphflow.kv.diffstore import DifferentialKV
+from experiments.kv_memory.plot import plot
+from graphflow.kv.differential.base import base_kv
+from graphflow.kv.differential.codecs import ResidualCodec, apply_residual
+from graphflow.kv.differential.paths import PathKey, PathStats
+from graphflow.kv.differential.recompute import rebuild_template
+from graphflow.kv.differential.store import DifferentialKV
 from graphflow.kv.packing import cache_from_tensor, stack_cache
-from graphflow.kv.paths import PathKey, PathStats
 from graphflow.models.engine import Engine
 from graphflow.workflow.compile import ROOT, ExecGraph, compile_workflow, node_context, node_path
 from graphflow.workflow.planner import Planner
@@ -346,27 +348,6 @@ def tables(s: dict[str, Any], settings: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(s: dict[str, Any], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [c["residual_to_dense"] for c in s["curve"]]
-    ax.plot(xs, [c["agreement"] for c in s["curve"]], "o")
-    for c in s["curve"]:
-        ax.annotate(c["codec"], (c["residual_to_dense"], c["agreement"]), fontsize=7)
-    if s["agreement_stateless"] is not None:
-        ax.axhline(s["agreement_stateless"], color="grey", ls="--", lw=0.8, label="stateless (base only)")
-    ax.axhline(0.98, color="red", lw=0.5, label="target 0.98")
-    ax.axvline(0.2, color="red", lw=0.5)
-    ax.set_xlabel("residual bytes ÷ dense template KV bytes (S/D)")
-    ax.set_ylabel("teacher-forced next-token agreement")
-    ax.legend(fontsize=7)
-    save_figure(fig, png)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
@@ -418,7 +399,7 @@ def main() -> None:
     results.mkdir(parents=True, exist_ok=True)
     write_csv(results / "executions.csv", r["rows"])
     (results / "summary.json").write_text(json.dumps({"model": args.model, **settings, **s}, indent=2))
-    plot(s, results / "memory.png")
+    plot(read_csv(results / "executions.csv"), results / "memory.png")
     if not args.quick:
         write_meta(HERE, model=args.model, codecs=[c.label for c in codecs], **settings)
         replace_section(HERE / "README.md", "table", tables(s, settings))

@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.agents_job import SYSTEM_LABELS, Study, by_system, plot_by_system, same_tokens, study_main
+from experiments.agents_job import SYSTEM_LABELS, Study, by_system, same_tokens, study_main
+from experiments.multi_agent.plot import plot
 
 HERE = Path(__file__).parent
 PUBLISHED = ("AAFLOW+ reports multi-agent runs 7.63× faster than its baselines at 16 agents (published, modeled "
@@ -59,11 +60,6 @@ def table(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
     lines.append(f"\nModel {meta.get('model')}, {meta.get('threads')} thread per replica; the root's prefill on A "
                  f"(done upstream, not in any row): {prefill}. {PUBLISHED}.")  # fmt: skip
     return "\n".join(lines)
-
-
-def plot(rows: list[dict[str, str]], png: Path) -> None:
-    plot_by_system(rows, "agents", "makespan_s", png, xlabel="agents sharing the root context",
-                   ylabel="time until every agent's tokens (s)", ideal=True)  # fmt: skip
 
 
 STUDY = Study(folder=HERE, name="multi_agent", counts="agents", counts_default="1,2,4,8,16", root_default=4096,

@@ -27,10 +27,10 @@ from experiments.common import (
     output_dir,
     read_csv,
     replace_section,
-    save_figure,
     write_csv,
     write_meta,
 )
+from experiments.peak_memory.plot import plot
 
 HERE = Path(__file__).parent
 MULTI_AGENT = HERE.parent / "multi_agent"
@@ -83,27 +83,6 @@ def table(rows: list[dict[str, str]]) -> str:
                      f"| {r['roots_held_once']} |")  # fmt: skip
     lines.append(f"\n{PUBLISHED}.")
     return "\n".join(lines)
-
-
-def plot(rows: list[dict[str, str]], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, title in ((axes[0], "stored_bytes", "KV kept (BlockStore bytes)"),
-                           (axes[1], "rss_growth_bytes", "process RSS growth")):  # fmt: skip
-        for s in SYSTEM_LABELS:
-            sel = sorted((int(r["agents"]), int(r[key]) / MIB) for r in rows if r["system"] == s)
-            if sel:
-                ax.plot([x for x, _ in sel], [y for _, y in sel], "-o", label=SYSTEM_LABELS[s])
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("agents sharing the root context")
-        ax.set_ylabel("MiB, both replicas")
-        ax.set_title(title)
-        ax.legend(fontsize=7)
-    save_figure(fig, png)
 
 
 def main() -> None:

@@ -15,10 +15,10 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-
 from experiments.common import add_provenance, guard_tree, output_dir, read_csv, replace_section, write_csv, write_meta
-from graphflow.kv.differential import base_kv, near_zero_fractions, residual, template_kv
+from experiments.residual_sparsity.plot import by_eps, plot
+from graphflow.kv.differential.base import base_kv, residual, template_kv
+from graphflow.kv.differential.codecs import near_zero_fractions
 from graphflow.models.engine import Engine
 from graphflow.workflow.tasks import load_tasks
 from graphflow.workflow.templates import TEMPLATES
@@ -51,15 +51,7 @@ def measure(model: str, n_tasks: int) -> list[dict[str, object]]:
 
 
 def summarize(path: Path) -> list[dict[str, object]]:
-    rows = read_csv(path)
-    out = []
-    for rerot in ("True", "False"):
-        for eps in EPS:
-            sel = [r for r in rows if r["rerotated"] == rerot and float(r["eps_rel"]) == eps]
-            out.append({"eps_rel": eps, "rerotated": rerot == "True",
-                        "k_near_zero": float(np.mean([float(r["k_near_zero"]) for r in sel])),
-                        "v_near_zero": float(np.mean([float(r["v_near_zero"]) for r in sel]))})  # fmt: skip
-    return out
+    return by_eps(read_csv(path))
 
 
 def table(summary: list[dict[str, object]], path: Path) -> str:
@@ -70,27 +62,6 @@ def table(summary: list[dict[str, object]], path: Path) -> str:
         rot = "yes" if s["rerotated"] else "no"
         lines.append(f"| {s['eps_rel']} | {rot} | {s['k_near_zero']:.3f} | {s['v_near_zero']:.3f} |")
     return "\n".join(lines)
-
-
-def plot(summary: list[dict[str, object]], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for rerot, style in ((True, "-o"), (False, "--x")):
-        pts = [s for s in summary if s["rerotated"] == rerot]
-        ax.plot([s["eps_rel"] for s in pts], [s["k_near_zero"] for s in pts], style, label=f"K, rerotated={rerot}")
-        ax.plot([s["eps_rel"] for s in pts], [s["v_near_zero"] for s in pts], style, label=f"V, rerotated={rerot}")
-    ax.set_xscale("log")
-    ax.set_xlabel("ε relative to mean |K| / |V|")
-    ax.set_ylabel("fraction of residual entries with |Δ| ≤ ε")
-    ax.axhline(0.75, color="grey", lw=0.5)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
 
 
 def main() -> None:
@@ -109,7 +80,7 @@ def main() -> None:
     csv_path = results / "rows.csv"
     write_csv(csv_path, rows)
     summary = summarize(csv_path)
-    plot(summary, results / "sparsity.png")
+    plot(read_csv(csv_path), results / "sparsity.png")
     if not args.quick:
         write_meta(HERE, model=args.model, tasks=n, eps=list(EPS), ops=list(OPS))
         replace_section(HERE / "README.md", "table", table(summary, csv_path))

@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.agents_job import SYSTEM_LABELS, Study, by_system, plot_by_system, study_main
+from experiments.agents_job import SYSTEM_LABELS, Study, by_system, study_main
+from experiments.throughput.plot import plot
 
 HERE = Path(__file__).parent
 PUBLISHED = "AAFLOW+ reports ~9.5× the throughput of its baselines (published, modeled in their code)"
@@ -48,11 +49,6 @@ def table(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
                      f"| {ours / float(sys['text']['tokens_per_s']):.2f} | {ours / best_local:.2f} |")  # fmt: skip
     lines.append(f"\nModel {meta.get('model')}, {meta.get('threads')} thread per replica. {PUBLISHED}.")
     return "\n".join(lines)
-
-
-def plot(rows: list[dict[str, str]], png: Path) -> None:
-    plot_by_system(rows, "roots", "tokens_per_s", png, xlabel="concurrent workflows",
-                   ylabel="generated tokens per second")  # fmt: skip
 
 
 STUDY = Study(folder=HERE, name="throughput", counts="workflows", counts_default="1,4,16", root_default=1024,

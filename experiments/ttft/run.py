@@ -28,10 +28,10 @@ from experiments.common import (
     output_dir,
     read_csv,
     replace_section,
-    save_figure,
     write_csv,
     write_meta,
 )
+from experiments.ttft.plot import plot
 from graphflow.harness.launch import run_two_processes
 
 HERE = Path(__file__).parent
@@ -92,29 +92,6 @@ def table(rows: list[dict[str, str]]) -> str:
     lines.append("\nRaw UCX bandwidth (one plain 64 MiB message, measured in the same run; GB/s): "
                  + ", ".join(f"{m} {v:.2f}" for m, v in bw.items()) + f". {PUBLISHED}.")  # fmt: skip
     return "\n".join(lines)
-
-
-def plot(rows: list[dict[str, str]], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
-    for ax, m in zip(axes[0], models, strict=True):
-        sel = [r for r in rows if r["model"] == m]
-        xs = [int(r["context"]) for r in sel]
-        for key, style in (("dense_s", "-o"), ("text_s", "--x"), ("local_s", "-s"), ("ours_s", "-^"),
-                           ("bound_s", ":")):  # fmt: skip
-            ax.plot(xs, [float(r[key]) for r in sel], style, label=key.removesuffix("_s"))
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(m)
-        ax.set_xlabel("upstream context tokens")
-        ax.set_ylabel("TTFT (s)")
-        ax.legend(fontsize=7)
-    save_figure(fig, png)
 
 
 def main() -> None:

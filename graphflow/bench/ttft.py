@@ -79,7 +79,7 @@ def ttft_side(t: MessageTransport, role: int, peer: str, plan: TtftPlan) -> dict
     if role == 1 and fits:
         # NOTE: B's receive pool is faulted in at startup, as a serving system allocates its KV
         # block pool; room for two states, the one held from the last repeat and the next
-        out["reserved_bytes"] = host_arena().reserve(2 * max(fits) * bpt)
+        out["reserved_bytes"] = host_arena().reserve(2 * max(fits) * bpt).nbytes
     for n in fits:
         upstream = prompt_token_ids(engine.tokenizer, n)
         held = n // bt * bt  # whole blocks move; the partial last block is recomputed with the suffix

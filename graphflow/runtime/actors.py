@@ -19,11 +19,13 @@ from typing import Any
 
 import ray
 
+from graphflow.kv.differential.template_kv import kv_mode as kv_mode_of
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
+from graphflow.kv.manager_snapshot import load_or_why
+from graphflow.runtime.errors import Unavailable
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
-from graphflow.runtime.templates import kv_mode as kv_mode_of
 
 __all__ = ["BOARD_NAME", "MANAGER_NAME", "TRANSPORTS", "Board", "CallWorker", "Deployment", "RayCluster",
            "ReplicaActor", "call_worker", "on_node", "replica_name", "spread_nodes"]  # fmt: skip
@@ -129,7 +131,7 @@ def spread_nodes(ray: Any) -> list[str]:
     """Alive Ray node ids, the head first, then by address (the order ``spread`` fills)."""
     alive = [n for n in ray.nodes() if n.get("Alive")]
     if not alive:
-        raise RuntimeError("the Ray cluster reports no alive node")
+        raise Unavailable("the Ray cluster reports no alive node")
 
     def key(n: dict[str, Any]) -> tuple[bool, tuple[int, ...], str]:
         ip = tuple(int(x) for x in str(n.get("NodeManagerAddress", "0")).split(".") if x.isdigit())
@@ -185,6 +187,7 @@ class RayCluster:
         self._manager = manager
         self._board = board
         self.lost: list[str] = []  # replicas found dead (their blocks forgotten)
+        self.snapshot_note = ""  # why the last restarted manager did not load the snapshot ("" if it did)
 
     @classmethod
     def start(cls, ray: Any, model: str, n: int, capacity_bytes: int = 1 << 30, detached: bool = False,
@@ -316,8 +319,8 @@ class RayCluster:
         self._manager = ray.remote(KVStateManager).options(num_cpus=0, **opts).remote(16, time.time())
         snapshot_dir = self.shared(SNAPSHOT_KEY)
         if snapshot_dir:
-            with contextlib.suppress(ValueError):  # no snapshot yet: the replicas' holdings alone rebuild it
-                ray.get(self._manager.load_snapshot.remote(snapshot_dir))
+            manager = self._manager
+            self.snapshot_note = load_or_why(lambda: ray.get(manager.load_snapshot.remote(snapshot_dir)), snapshot_dir)
         reported = 0
         for name in list(self.replicas):
             try:

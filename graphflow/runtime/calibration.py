@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from graphflow.kv.differential import ResidualCodec, apply_residual, base_kv, frame0_residual, template_kv
+from graphflow.kv.differential.base import base_kv, template_kv
+from graphflow.kv.differential.codecs import ResidualCodec, apply_residual, frame0_residual
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids

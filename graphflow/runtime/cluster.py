@@ -11,6 +11,8 @@ import os
 import time
 from typing import Any
 
+from graphflow.runtime.errors import Unavailable
+
 __all__ = ["connect", "shutdown", "start_head", "start_local", "stop_head"]
 
 
@@ -78,7 +80,7 @@ def start_head(port: int = 6379, client_port: int = 10001) -> str:
         capture_output=True, text=True, env={**os.environ, "RAY_AUTH_MODE": "token"},
     )  # fmt: skip
     if proc.returncode != 0:
-        raise RuntimeError(f"could not start a Ray head: {proc.stderr.strip()[-300:]}")
+        raise Unavailable(f"could not start a Ray head: {proc.stderr.strip()[-300:]}")
     return f"127.0.0.1:{port}"
 
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["error_message", "root_cause"]
+__all__ = ["Unavailable", "error_message", "root_cause"]
+
+
+class Unavailable(Exception):
+    """Something this machine, cluster or deployment lacks for the request (root, a tool, a
+    Ray head, a live replica); the message says what to do. Not a caller's mistake
+    (``ValueError``) and not broken state (``RuntimeError``)."""
 
 
 def root_cause(exc: BaseException) -> BaseException:

@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from graphflow.kv.diffstore import base_version
+from graphflow.kv.differential.store import base_version
 from graphflow.kv.errors import MissingBlocks
 from graphflow.kv.events import ReplicaInfo, TemplateEvent, TemplateHolding
-from graphflow.runtime.errors import root_cause
+from graphflow.runtime.errors import Unavailable, root_cause
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult, TemplateRef
 from graphflow.workflow.compile import ROOT, ExecGraph, node_context, node_path
 from scheduler.cost import LinkMatrix, LinkSpec
@@ -365,7 +365,7 @@ class WorkflowExecutor:
             n = got.tokens - got.reused
             return NodeTrace(ROOT, replica, MATERIALIZE, "", self.policy.prefill(n), got.seconds, got.seconds,
                              0, n, got.reused, got.tokens, "", note)  # fmt: skip
-        raise RuntimeError("every replica failed; restart the deployment (`graphflow serve`)")
+        raise Unavailable("every replica failed; restart the deployment (`graphflow serve`)")
 
     # ---- failures ------------------------------------------------------------------------
     def _failed(self, exc: BaseException, d: Decision, handles: list[Any], tries: int) -> str:
@@ -380,7 +380,7 @@ class WorkflowExecutor:
             raise exc  # a bad request or a bug: the caller gets the error
         self._finish_sends(d, handles[1:])
         if tries > len(c.replicas) + 1:
-            raise RuntimeError(f"node failed {tries} times, last because {why}") from exc
+            raise Unavailable(f"node failed {tries} times, last because {why}") from exc
         return f"{why}; recomputed"
 
     def _finish_sends(self, d: Decision, sends: list[Any]) -> None:
@@ -407,7 +407,7 @@ class WorkflowExecutor:
         if replica in self.cluster.replicas:
             self.cluster.drop_replica(replica)
         if not self.cluster.replicas:
-            raise RuntimeError("every replica failed; restart the deployment (`graphflow serve`)")
+            raise Unavailable("every replica failed; restart the deployment (`graphflow serve`)")
 
     # ---- helpers -------------------------------------------------------------------------
     def _check_pin(self, gs: ExecGraph, pin: Mapping[str, str]) -> None:

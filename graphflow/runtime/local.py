@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
+from graphflow.kv.manager_snapshot import load_or_why
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 
 __all__ = ["LocalCluster", "ReplicaUnavailable"]
@@ -52,6 +52,7 @@ class LocalCluster:
             self._manager.snapshot(snapshot_dir)
         self._pool = cf.ThreadPoolExecutor(max_workers=4 * replicas)
         self._stopped: set[str] = set()
+        self.snapshot_note = ""  # why the last restarted manager did not load the snapshot ("" if it did)
 
     def call(self, replica: str, method: str, *args: Any) -> cf.Future[Any]:
         if replica in self._stopped:
@@ -80,8 +81,7 @@ class LocalCluster:
         (if kept) and resyncs every replica's holdings; returns the states reported."""
         manager = KVStateManager(epoch_s=time.time())
         if self.snapshot_dir:
-            with contextlib.suppress(ValueError):  # no snapshot yet: the replicas' holdings alone rebuild it
-                manager.load_snapshot(self.snapshot_dir)
+            self.snapshot_note = load_or_why(lambda: manager.load_snapshot(self.snapshot_dir), self.snapshot_dir)
         live = [r for r in self.replicas if r not in self._stopped]
         reported = sum(manager.resync_replica(self.workers[r].info(), self.workers[r].holdings(), time.time())
                        for r in live)  # fmt: skip

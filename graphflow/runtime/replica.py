@@ -29,14 +29,15 @@ from typing import Any
 import torch
 
 from graphflow.kv.block import KVBlock, chain_keys, make_blocks
-from graphflow.kv.differential import ResidualCodec
-from graphflow.kv.diffstore import KVMode
+from graphflow.kv.differential.codecs import ResidualCodec
+from graphflow.kv.differential.paths import PathKey
+from graphflow.kv.differential.store import KVMode
+from graphflow.kv.differential.template_kv import TemplateKV, kv_mode
 from graphflow.kv.errors import ChecksumMismatch, MissingBlocks
 from graphflow.kv.exchange import receive_blocks, send_blocks, spec_for_prompt
 from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo, StateRecord, batch_from_blocks
 from graphflow.kv.operators import evict as evict_state
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks, stack_cache
-from graphflow.kv.paths import PathKey
 from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
@@ -46,7 +47,6 @@ from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates, check_policy
 from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS, MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
-from graphflow.runtime.templates import TemplateKV, kv_mode
 from scheduler.policy import Option
 from transport.base import TransferSpec, Transport, TransportConfig
 from transport.memory import host_arena
@@ -71,7 +71,7 @@ class ReplicaConfig:
     device: str = "cpu"
     transport: str = "ucx"  # ucx | ray | local (peers reach the replica over this backend)
     timeout_s: float = 120.0
-    kv_mode: str = "exact"  # exact | differential | stateless (runtime.templates)
+    kv_mode: str = "exact"  # exact | differential | stateless (kv.differential.template_kv)
     recompute_head: int = 12  # differential: template tokens recomputed, not rebuilt
     residual_refs: int = 4  # differential: exact executions averaged into a path's residual
     hot_min_count: int = 2  # differential: executions that make a path hot (others are pruned)
@@ -118,7 +118,8 @@ class ReplicaWorker:
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
         self.templates = _templates(self.engine, config)
-        self.prefaulted_bytes = host_arena().reserve(min(config.prefault_bytes, config.capacity_bytes))
+        reserved = host_arena().reserve(min(config.prefault_bytes, config.capacity_bytes))
+        self.prefaulted_bytes, self.prefault_short = reserved.nbytes, reserved.why_not
         self.batcher, self.batching_off = self._engine_loop()
         self._prefixes = SharedPrefixes(self.engine)
         self._active = 0  # node calls in this replica now (receiving, queued or running)
@@ -581,6 +582,7 @@ class ReplicaWorker:
                 "device": self.config.device,
                 "eviction": self.config.eviction, "threads": torch.get_num_threads(),
                 "prefaulted_bytes": self.prefaulted_bytes,
+                "prefault_short": self.prefault_short,
                 "batching": loop is not None, "batching_off": self.batching_off,
                 "max_batch_tokens": loop.max_batch_tokens if loop else 0,
                 "engine_steps": loop.steps if loop else 0, "engine_rows": loop.rows_run if loop else 0,

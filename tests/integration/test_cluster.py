@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.netns]
 
 RUN_FAN_OUT = """
 import json, sys
-from graphflow.cli_serve import fan_out_workflow
+from graphflow.workflow.shapes import fan_out_workflow
 from graphflow.client import connect
 client = connect(sys.argv[1])
 task = "A warehouse ships 48 boxes a day and each box holds 12 items. " * 40
@@ -32,7 +32,7 @@ print(json.dumps({"identical": on.outputs == off.outputs, "hosts": hosts,
 
 RUN_NODE_FAILURE = """
 import json, sys
-from graphflow.cli_serve import fan_out_workflow
+from graphflow.workflow.shapes import fan_out_workflow
 from graphflow.client import connect, new_run_id
 from graphflow.harness.cluster import stop_node
 from graphflow.workflow.compile import compile_workflow

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.netns]
 
 RUN = """
 import json, sys
-from graphflow.cli_serve import fan_out_workflow
+from graphflow.workflow.shapes import fan_out_workflow
 from graphflow.client import connect, new_run_id
 from graphflow.workflow.compile import compile_workflow
 client = connect(sys.argv[1], decode_steps=2)

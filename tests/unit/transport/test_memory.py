@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from transport.layout import MESSAGE_BYTES, message_runs, message_spans
-from transport.memory import HUGE_PAGE_BYTES, HostArena
+from transport.memory import HUGE_PAGE_BYTES, HostArena, Reservation
 
 
 def test_slabs_are_huge_page_aligned_and_carved_back_to_back():
@@ -106,9 +106,20 @@ def _resident() -> int:
 def test_reserve_faults_in_spans_that_later_requests_reuse():
     arena = HostArena()
     before = _resident()
-    assert arena.reserve(6 * MESSAGE_BYTES) == 6 * MESSAGE_BYTES
+    assert arena.reserve(6 * MESSAGE_BYTES) == Reservation(6 * MESSAGE_BYTES)
     assert _resident() - before >= 5 * MESSAGE_BYTES  # the pages are resident now, not on first touch
     made = arena.slabs_made
     spans = [arena.empty_bytes(MESSAGE_BYTES) for _ in range(6)]
     assert arena.slabs_made == made and arena.slabs_reused == 6
     assert all(not s.any() for s in spans)
+
+
+def test_reserve_says_why_it_kept_less_than_asked():
+    arena = HostArena(keep_bytes=2 * MESSAGE_BYTES)
+    got = arena.reserve(4 * MESSAGE_BYTES)
+    assert got.nbytes == 2 * MESSAGE_BYTES and "keep_bytes" in got.why_not
+    again = arena.reserve(2 * MESSAGE_BYTES)  # the kept spans are idle again: reused, still kept
+    assert again == Reservation(2 * MESSAGE_BYTES)
+    small = arena.reserve(MESSAGE_BYTES, span_bytes=1 << 20)
+    assert small.nbytes == 0 and "shared slabs" in small.why_not
+    assert arena.reserve(0) == Reservation(0)

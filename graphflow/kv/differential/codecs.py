@@ -1,9 +1,6 @@
-"""Differential KV (GraphFlow): a template's KV as base + sparse residual.
+"""Differential KV's residual codecs: how the difference between an exact template KV and its
+re-rotated base is stored.
 
-* ``base(v)``: the KV of operation v's template tokens computed with no prefix, at positions
-  ``[0, n_v)``.
-* ``residual(P, v) = KV_exact(v | P) − rerotate(base(v), |P|)``: what the prefix P changes
-  beyond moving the keys to their positions (values are not rotated).
 * Stored sparse: keep entries with ``|Δ| > ε`` (or the top-energy fraction); its size counts
   indices and values. ``KV(P, v) ≈ rerotate(base(v), |P|) + ΔKV(P, v)``.
 
@@ -14,52 +11,19 @@ sparse per row (the largest ``keep_per_row`` channels of each (layer, K/V, head,
 uint8 channel indices + float16 values), optionally with the first ``sink_tokens`` template
 tokens dense: the base is computed with no prefix, so its first tokens act as an attention
 sink and carry most of the residual.
-
-Tensors are ``[layers, 2, kv_heads, tokens, head_dim]`` like a block (K at index 0, V at 1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from graphflow.kv.packing import stack_cache
-from graphflow.kv.prefiller import Prefiller
-from graphflow.kv.rope import rerotate_keys
+from graphflow.kv.differential.base import rerotate_kv
 from graphflow.kv.state import RopeInfo
 
-__all__ = ["EncodedResidual", "ResidualCodec", "SparseResidual", "apply_residual", "base_kv", "frame0_residual",
-           "near_zero_fractions", "reconstruct", "rerotate_kv", "residual", "sparsify", "template_kv"]  # fmt: skip
-
-
-@torch.inference_mode()
-def template_kv(engine: Prefiller, template_ids: Sequence[int], prefix_ids: Sequence[int] = ()) -> torch.Tensor:
-    """KV of ``template_ids`` computed after ``prefix_ids`` (exact), template tokens only."""
-    if not template_ids:
-        raise ValueError("the template has no tokens")
-    cache = engine.prefill(list(prefix_ids)).cache if prefix_ids else None
-    out = engine.prefill(list(template_ids), cache)
-    return stack_cache(out.cache, len(prefix_ids)).float()
-
-
-def base_kv(engine: Prefiller, template_ids: Sequence[int]) -> torch.Tensor:
-    """``base(v)``: the template's KV with no prefix, positions ``[0, n_v)``."""
-    return template_kv(engine, template_ids)
-
-
-def rerotate_kv(kv: torch.Tensor, offset: int, rope: RopeInfo) -> torch.Tensor:
-    """Move a KV tensor by ``offset`` positions: keys re-rotated, values unchanged."""
-    return torch.stack((rerotate_keys(kv[:, 0], offset, rope), kv[:, 1]), dim=1)
-
-
-def residual(exact: torch.Tensor, base: torch.Tensor, offset: int, rope: RopeInfo | None) -> torch.Tensor:
-    """Dense ΔKV = exact − (re-rotated) base; ``rope=None`` skips re-rotation (the ablation)."""
-    if exact.shape != base.shape:
-        raise ValueError(f"exact {tuple(exact.shape)} and base {tuple(base.shape)} KV differ in shape")
-    moved = rerotate_kv(base, offset, rope) if rope is not None else base
-    return exact - moved
+__all__ = ["EncodedResidual", "ResidualCodec", "SparseResidual", "apply_residual", "frame0_residual",
+           "near_zero_fractions", "reconstruct", "sparsify"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -153,7 +117,7 @@ class ResidualCodec:
     """How a residual is stored: ``keep_per_row=None`` keeps it dense (float16);
     ``sink_tokens`` first tokens stay dense when the rest is sparse; ``recompute_head`` first
     tokens are not stored at all — whoever rebuilds the template recomputes them after the
-    prefix (:func:`graphflow.kv.blend.recompute_tokens`)."""
+    prefix (:func:`graphflow.kv.differential.recompute.recompute_tokens`)."""
 
     keep_per_row: int | None = None
     sink_tokens: int = 0

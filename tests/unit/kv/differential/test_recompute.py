@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphflow.kv.blend import recompute_tokens
-from graphflow.kv.differential import apply_residual, base_kv, template_kv
+from graphflow.kv.differential.base import base_kv, template_kv
+from graphflow.kv.differential.codecs import apply_residual
+from graphflow.kv.differential.recompute import recompute_tokens
 from graphflow.kv.packing import stack_cache
 from graphflow.models import prompt_token_ids
 

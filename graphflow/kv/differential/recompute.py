@@ -1,6 +1,6 @@
 """Selective recompute: correct a rebuilt template KV by recomputing a few of its tokens.
 
-A template KV rebuilt from base + residual (:mod:`graphflow.kv.differential`) is right on
+A template KV rebuilt from base + residual (:mod:`graphflow.kv.differential.codecs`) is right on
 average over the executions of a path but misses what *this* task's text adds to each token's
 keys and values. Recomputing the whole template after the prefix removes the error and costs
 a full template prefill. :func:`recompute_tokens` recomputes only the chosen template
@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import torch
 
-from graphflow.kv.diffstore import DifferentialKV, KVMode
+from graphflow.kv.differential.paths import PathKey
+from graphflow.kv.differential.store import DifferentialKV, KVMode
 from graphflow.kv.packing import cache_from_tensor, stack_cache
-from graphflow.kv.paths import PathKey
 from graphflow.kv.prefiller import Prefiller
 
 __all__ = ["rebuild_template", "recompute_tokens"]

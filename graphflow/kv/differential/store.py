@@ -24,9 +24,9 @@ from enum import StrEnum
 import torch
 import xxhash
 
-from graphflow.kv.differential import EncodedResidual, ResidualCodec, apply_residual, frame0_residual
+from graphflow.kv.differential.codecs import EncodedResidual, ResidualCodec, apply_residual, frame0_residual
+from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.errors import IncompatibleState
-from graphflow.kv.paths import PathKey
 from graphflow.kv.state import RopeInfo
 
 __all__ = ["Base", "DifferentialKV", "KVMode", "Residual", "base_version"]

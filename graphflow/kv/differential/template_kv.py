@@ -1,5 +1,5 @@
 """Differential template KV on a replica: serve an operation's template KV from its base and
-a path's residual instead of prefilling it (DESIGN.md §2; ``graphflow.kv.diffstore``).
+a path's residual instead of prefilling it (DESIGN.md §2; ``graphflow.kv.differential.store``).
 
 Per replica and model: one *base* per operation (its template's KV with no prefix, recomputed
 if the template's tokens change), and, for each *hot* path key — seen at least ``min_count``
@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 
-from graphflow.kv.blend import rebuild_template
-from graphflow.kv.differential import ResidualCodec, base_kv
-from graphflow.kv.diffstore import DifferentialKV, KVMode, base_version
+from graphflow.kv.differential.base import base_kv
+from graphflow.kv.differential.codecs import ResidualCodec
+from graphflow.kv.differential.paths import PathKey, PathStats
+from graphflow.kv.differential.recompute import rebuild_template
+from graphflow.kv.differential.store import DifferentialKV, KVMode, base_version
 from graphflow.kv.events import TemplateHolding
 from graphflow.kv.packing import cache_from_tensor, stack_cache
-from graphflow.kv.paths import PathKey, PathStats
-from graphflow.models.engine import Engine
+from graphflow.kv.prefiller import Prefiller
 
 __all__ = ["TemplateKV", "kv_mode"]
 
@@ -42,7 +43,7 @@ def kv_mode(name: str) -> KVMode:
 
 
 class TemplateKV:
-    def __init__(self, engine: Engine, mode: KVMode, codec: ResidualCodec | None = None, refs: int = 4,
+    def __init__(self, engine: Prefiller, mode: KVMode, codec: ResidualCodec | None = None, refs: int = 4,
                  min_count: int = 2) -> None:  # fmt: skip
         if mode is KVMode.EXACT:
             raise ValueError("exact mode never rebuilds a template; run without a TemplateKV")

@@ -3,10 +3,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphflow.kv.differential import ResidualCodec, apply_residual, base_kv, frame0_residual, template_kv
-from graphflow.kv.diffstore import DifferentialKV, KVMode, Residual
+from graphflow.kv.differential.base import base_kv, template_kv
+from graphflow.kv.differential.codecs import ResidualCodec, apply_residual, frame0_residual
+from graphflow.kv.differential.paths import PathKey, PathStats
+from graphflow.kv.differential.store import DifferentialKV, KVMode, Residual
 from graphflow.kv.errors import IncompatibleState
-from graphflow.kv.paths import PathKey, PathStats
 from graphflow.models import prompt_token_ids
 
 

@@ -3,14 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphflow.kv.differential import (
-    base_kv,
-    near_zero_fractions,
-    reconstruct,
-    residual,
-    sparsify,
-    template_kv,
-)  # fmt: skip
+from graphflow.kv.differential.base import base_kv, residual, template_kv
+from graphflow.kv.differential.codecs import near_zero_fractions, reconstruct, sparsify  # fmt: skip
 from graphflow.models import prompt_token_ids
 
 

@@ -4,10 +4,10 @@ import itertools
 
 import pytest
 
-from graphflow.kv.diffstore import KVMode
+from graphflow.kv.differential.store import KVMode
+from graphflow.kv.differential.template_kv import TemplateKV, kv_mode
 from graphflow.runtime.plan import NodePlan, TemplateRef
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
-from graphflow.runtime.templates import TemplateKV, kv_mode
 from scheduler.policy import Option
 
 R = Option.RECONSTRUCT

@@ -1,0 +1,42 @@
+"""The ``graphflow`` command. Every command takes ``--json``: one JSON object as the last line.
+
+One module per command group (``check``, ``bench``, ``serve``, ``workflow``, ``cluster``,
+``models``); ``_common`` holds the output helpers and the error policy they share.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from graphflow.cli import bench, check, cluster, models, serve, workflow
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    help="GraphFlow: serve LLM-agent workflows with the KV cache as a first-class object.", no_args_is_help=True
+)
+for group, name in (
+    (models.app, "models"),
+    (check.app, "check"),
+    (bench.app, "bench"),
+    (bench.sweep_app, "sweep"),
+    (cluster.app, "cluster"),
+    (workflow.wgraph_app, "wgraph"),
+    (workflow.train_app, "train"),
+    (workflow.eval_app, "eval"),
+):
+    app.add_typer(group, name=name)
+for command, name in (
+    (serve.serve, "serve"),
+    (serve.submit, "submit"),
+    (serve.status, "status"),
+    (serve.shutdown, "shutdown"),
+    (serve.demo, "demo"),
+    (bench.calibrate_cmd, "calibrate"),
+    (workflow.generate, "generate"),
+):
+    app.command(name)(command)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,5 @@
+"""``python -m graphflow.cli``."""
+
+from graphflow.cli import main
+
+main()

@@ -1,0 +1,111 @@
+"""What every command module of the CLI shares: the consoles, ``--json`` output, progress
+lines, list options, and the one place caller mistakes become a one-line error."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from graphflow.runtime.errors import Unavailable, error_message
+from transport.errors import TransportError
+
+__all__ = ["emit", "err", "ints", "kv_table", "names", "out", "say", "trace_table", "user_errors"]
+
+err = Console(stderr=True)
+# NOTE: tables are wide; when output is piped (no terminal width) render them at 140 columns.
+out = Console() if sys.stdout.isatty() else Console(width=140)
+F = TypeVar("F", bound=Callable[..., Any])
+
+# NOTE: a RuntimeError means our own state is broken (CONVENTIONS): it keeps its traceback
+_USER_ERRORS = (ValueError, TypeError, TransportError, Unavailable, ConnectionError, MemoryError)
+
+
+def user_errors(fn: F) -> F:
+    """Turn caller mistakes and what the machine or deployment lacks into one line on stderr
+    and exit code 2 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except _USER_ERRORS as exc:
+            err.print(f"[bold red]error:[/] {escape(error_message(exc))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def say(msg: str) -> None:
+    """A progress line on stderr (stdout stays for the table or the ``--json`` object)."""
+    err.print(f"[dim]… {msg}[/]", highlight=False)
+
+
+def emit(obj: dict[str, Any]) -> None:
+    """The ``--json`` result: one JSON object on one line."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def ints(csv: str, what: str) -> list[int]:
+    """Positive integers from a comma-separated option (``what`` names it in the error)."""
+    try:
+        values = [int(x) for x in csv.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated integers, got {csv!r}") from None
+    if not values or min(values) <= 0:
+        raise ValueError(f"{what} must be positive integers, got {csv!r}")
+    return values
+
+
+def names(csv: str) -> list[str]:
+    """The non-empty, stripped items of a comma-separated option."""
+    return [x.strip() for x in csv.split(",") if x.strip()]
+
+
+def kv_table(title: str, values: dict[str, object]) -> None:
+    """Print one ``name | value`` table."""
+    table = Table("", "value", title=title)
+    for k, v in values.items():
+        table.add_row(k, f"{v:,.4g}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
+    out.print(table)
+
+
+def trace_table(title: str, result: Any) -> Table:
+    """A workflow run's per-node decisions (``runtime.executor.RunResult.trace``)."""
+    columns = (
+        "node",
+        "replica",
+        "decision",
+        "from",
+        "context",
+        "prefilled",
+        "saved",
+        "bytes moved",
+        "predicted s",
+        "measured s",
+        "TTFT s",
+    )
+    table = Table(*columns, title=title)
+    for t in result.trace:
+        table.add_row(
+            t.node,
+            t.replica.removeprefix("graphflow-"),
+            t.decision,
+            t.source.removeprefix("graphflow-"),
+            str(t.context_tokens),
+            str(t.prefill_tokens),
+            str(t.prefill_tokens_saved),
+            f"{t.bytes_moved:,}",
+            f"{t.predicted_s:.3f}",
+            f"{t.measured_s:.3f}",
+            f"{t.ttft_s:.3f}",
+        )
+    return table

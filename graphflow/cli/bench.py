@@ -1,0 +1,264 @@
+"""``graphflow bench …`` (medians after warm-up, measured here), ``graphflow calibrate`` and
+``graphflow sweep …``: the commands that measure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from graphflow.cli._common import emit, ints, kv_table, names, out, say, user_errors
+from graphflow.runtime.plan import MAX_BATCH_TOKENS
+
+app = typer.Typer(help="Benchmarks (medians after warm-up, measured here).", no_args_is_help=True)
+sweep_app = typer.Typer(help="Sweeps users run on their cluster.", no_args_is_help=True)
+
+
+@app.command("transport")
+@user_errors
+def bench_transport_cmd(
+    backends: str = typer.Option("ucx,mpi,ray,local", help="Comma-separated backends."),
+    sizes: str = typer.Option("1MiB,16MiB,64MiB,256MiB", help="Comma-separated transfer sizes."),
+    block_bytes: str = typer.Option("1MiB", help="Bytes per KV block in our transfers."),
+    iters: int = typer.Option(5, help="Back-to-back transfers per measurement."),
+    repeats: int = typer.Option(3, help="Measurements per point (median reported)."),
+    peers: str = typer.Option(
+        "", help="Comma-separated peer libraries timed on the same plan: nixl, mooncake (the peers extra)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Our transfers vs each backend's raw reference, between two processes, same run (ucx and
+    mpi also time the bare ceiling: the wire's data messages, hashed on arrival, no protocol);
+    with --peers, NIXL and Mooncake move the same blocks and the ucx rows gain ours ÷ peer."""
+    from graphflow.bench.transport import bench_transport, parse_size
+    from graphflow.bench.transport_pair import BenchPlan
+
+    plan = BenchPlan([parse_size(x) for x in sizes.split(",")], parse_size(block_bytes), iters, 2, repeats)
+    rows, peer_results = bench_transport(names(backends), plan, say=say, peers=names(peers))
+    if json_out:
+        emit({"rows": rows, "peers": peer_results})
+        return
+    table = Table("backend", "bytes", "blocks", "ours GB/s", "raw GB/s", "ratio", "overhead µs", "bare ratio",
+                  title="transport")  # fmt: skip
+    for r in rows:
+        bare = f"{r['bare_ratio']:.2f}" if "bare_ratio" in r else "—"  # NOTE: ucx and mpi rows only
+        table.add_row(r["backend"], f"{r['nbytes']:,}", str(r["blocks"]), f"{r['ours_gbps']:.2f}",
+                      f"{r['raw_gbps']:.2f}", f"{r['ratio']:.2f}", f"{r['overhead_us']:.0f}", bare)  # fmt: skip
+    out.print(table)
+    if peer_results:
+        out.print(_peer_table(rows, peer_results))
+
+
+def _peer_table(rows: list[dict[str, Any]], peers: list[dict[str, Any]]) -> Table:
+    """One line per peer × size: its GB/s beside ours over UCX, or why the peer could not run.
+    The peers check no bytes on arrival (ours hashes every block)."""
+    ours = {r["nbytes"]: r["ours_gbps"] for r in rows if r["backend"] == "ucx"}
+    table = Table("peer", "bytes", "peer GB/s", "ours ucx GB/s", "ours ÷ peer", "checksums", title="peers")
+    for p in peers:
+        if "unavailable" in p:
+            table.add_row(p["peer"], "—", "—", "—", "—", escape(p["unavailable"]))
+            continue
+        for r in p["rows"]:
+            mine = ours.get(r["nbytes"])
+            ratio = f"{mine / r['peer_gbps']:.2f}" if mine else "—"
+            mine_text = f"{mine:.2f}" if mine else "—"
+            table.add_row(p["peer"], f"{r['nbytes']:,}", f"{r['peer_gbps']:.2f}", mine_text, ratio, "none")
+    return table
+
+
+@app.command("verify-ceiling")
+@user_errors
+def bench_verify_ceiling_cmd(
+    sizes: str = typer.Option("16MiB,64MiB,256MiB", help="Comma-separated transfer sizes."),
+    block_bytes: str = typer.Option("1MiB", help="Bytes per checksummed block."),
+    repeats: int = typer.Option(15, help="Timed runs per point (median reported)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """What checksum verification costs the receiving core: copy vs copy-then-hash vs hashing in cache."""
+    from graphflow.bench.transport import parse_size
+    from graphflow.bench.verify_ceiling import verify_ceiling
+
+    rows = verify_ceiling([parse_size(x) for x in sizes.split(",")], parse_size(block_bytes), repeats, say)
+    if json_out:
+        emit({"rows": rows})
+        return
+    table = Table("bytes", "copy GB/s", "copy then hash", "copy and hash (in cache)", "same, two threads",
+                  "copy next to a hash", "that hash GB/s",
+                  title="verification ceiling (ratio to the copy alone)")  # fmt: skip
+    for r in rows:
+        table.add_row(f"{r['nbytes']:,}", f"{r['copy_gbps']:.2f}", f"{r['ratio_copy_then_hash']:.2f}",
+                      f"{r['ratio_copy_and_hash']:.2f}", f"{r['ratio_copy_and_hash_shared']:.2f}",
+                      f"{r['copy_slowdown_contended']:.2f}", f"{r['contending_hash_gbps']:.1f}")  # fmt: skip
+    out.print(table)
+
+
+@app.command("catalog")
+@user_errors
+def bench_catalog_cmd(
+    blocks: int = typer.Option(1_000_000, help="Blocks to register."),
+    blocks_per_state: int = typer.Option(1024, help="Blocks per admit event (one state each)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Register, look up, snapshot and restore a catalog of BLOCKS blocks."""
+    from graphflow.bench.catalog import bench_catalog
+
+    result = bench_catalog(blocks, blocks_per_state, say=say)
+    if json_out:
+        emit(result.to_dict())
+        return
+    table = Table("metric", "value", title=f"catalog: {blocks:,} blocks")
+    for k, v in result.to_dict().items():
+        table.add_row(k, f"{v:,.2f}" if isinstance(v, float) else f"{v:,}")
+    out.print(table)
+
+
+@app.command("prefill")
+@user_errors
+def bench_prefill_cmd(
+    model: str = typer.Option("tiny-llama", help="Registry name or local checkpoint folder."),
+    tokens: str = typer.Option("512,2048,8192", help="Comma-separated context lengths."),
+    repeats: int = typer.Option(3, help="Timed runs per length (after one warm-up)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Median prefill time per context length and measured KV bytes per token."""
+    from graphflow.bench.prefill import bench_prefill
+    from graphflow.models.engine import Engine
+
+    lengths = ints(tokens, "--tokens")
+    engine = Engine.load(model, say=say)
+    rows = bench_prefill(engine, lengths, repeats, say=say)
+    if json_out:
+        emit({"model": model, "device": str(engine.device), "rows": [r.to_dict() for r in rows]})
+        return
+    table = Table("tokens", "prefill s (median)", "min", "max", "tokens/s", "KV bytes/token", title=f"prefill: {model}")
+    for r in rows:
+        table.add_row(
+            str(r.tokens),
+            f"{r.prefill_s_median:.4f}",
+            f"{r.prefill_s_min:.4f}",
+            f"{r.prefill_s_max:.4f}",
+            f"{r.tokens_per_s:,.0f}",
+            f"{r.kv_bytes_per_token:,.0f}",
+        )
+    out.print(table)
+
+
+@app.command("serve")
+@user_errors
+def bench_serve_cmd(
+    model: str = typer.Option("smollm2-135m", help="Model every replica serves."),
+    replicas: int = typer.Option(2, help="Replica actors of the embedded deployment."),
+    workflows: str = typer.Option("1,4,16", help="Comma-separated counts of concurrent workflows."),
+    root_tokens: int = typer.Option(1024, help="Each workflow's context, computed upstream on replica 0."),
+    agents: int = typer.Option(2, help="Agent nodes per workflow."),
+    decode: int = typer.Option(32, help="Tokens each agent generates."),
+    threads: int = typer.Option(1, help="Torch threads per replica (the scripted job uses 1)."),
+    max_batch_tokens: int = typer.Option(MAX_BATCH_TOKENS, help="Tokens one engine step runs (batching on)."),
+    memory_agents: int = typer.Option(16, help="Agents over one shared root for the memory rows (0 = skip)."),
+    memory_root: int = typer.Option(4096, help="That shared root's tokens."),
+    hol_prefill: int = typer.Option(4096, help="Long prefill a short node arrives during (0 = skip)."),
+    no_batching: bool = typer.Option(False, "--no-batching", help="Only the unbatched served path."),
+    no_reference: bool = typer.Option(False, "--no-reference", help="Only the batched path (no unbatched rows)."),
+    scripted: bool = typer.Option(False, "--scripted", help="Also run the scripted agents job (largest count)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """The served path end to end (embedded Ray): tokens/s and TTFT under concurrent workflows,
+    peak memory of agents over one root, a short node's TTFT during a long prefill; batching
+    on and off in the same run."""
+    from graphflow.bench.serve import run_serve_bench
+
+    if no_batching and no_reference:
+        raise ValueError("--no-batching and --no-reference leave nothing to run; pass at most one")
+    modes = (False,) if no_batching else (True,) if no_reference else (True, False)
+    result = run_serve_bench(model, replicas, ints(workflows, "--workflows"), root_tokens, agents, decode, modes,
+                             threads, max_batch_tokens, memory_agents, memory_root, hol_prefill, scripted,
+                             say=say)  # fmt: skip
+    if json_out:
+        emit(result)
+        return
+    table = Table("batching", "workflows", "agents", "tok/s", "TTFT p50 s", "TTFT p99 s", "peak RSS MiB",
+                  "KV MiB", "rows/step", title=f"bench serve: {model}")  # fmt: skip
+    for r in result["rows"]:
+        table.add_row("on" if r["batching"] else "off", str(r["workflows"]), str(r["agents"]),
+                      f"{r['tokens_per_s']:.1f}", f"{r['ttft_p50_s']:.3f}", f"{r['ttft_p99_s']:.3f}",
+                      f"{r['peak_rss_bytes'] / 2**20:.0f}", f"{r['kv_bytes'] / 2**20:.0f}",
+                      f"{r['rows_per_step']:.1f}" if r["batching"] else "—")  # fmt: skip
+    out.print(table)
+    for w, x in result["speedup_vs_unbatched"].items():
+        out.print(f"{w} workflows: {x:.2f}× the unbatched served path")
+    for m in result.get("memory", []):
+        mode = f"batching {'on' if m['batching'] else 'off'}, reuse {'on' if m['reuse'] else 'off (dense)'}"
+        out.print(f"{m['agents']} agents over {m['root_tokens']} tokens, {mode}: "
+                  f"peak growth {m['peak_rss_bytes'] / 2**20:.0f} MiB")  # fmt: skip
+    for h in result.get("head_of_line", []):
+        out.print(f"short node TTFT p99, batching {'on' if h['batching'] else 'off'}: idle {h['idle_p99_s']:.3f} s, "
+                  f"during a {h['prefill_tokens']}-token prefill {h['loaded_p99_s']:.3f} s "
+                  f"({h['ratio_p99']:.2f}×, {len(h['loaded_ttft_s'])} samples)")  # fmt: skip
+
+
+@user_errors
+def calibrate_cmd(
+    model: str = typer.Option("tiny-llama", help="Registry name or local checkpoint folder."),
+    backends: str = typer.Option("ucx,mpi,local", help="Links to probe (two processes for ucx and mpi)."),
+    out_path: Path = typer.Option(Path("profile.json"), "--out", help="Profile file to write."),
+    repeats: int = typer.Option(3, help="Timed repetitions per point (median)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Measure prefill, cache rebuild, template rebuild (base + residual) and transport links; write the
+    scheduler's profile."""
+    from dataclasses import asdict
+
+    from graphflow.bench.calibration import calibrate
+    from graphflow.models.registry import resolve
+
+    resolve(model)
+    prof = calibrate(model, [b for b in backends.split(",") if b], out_path, repeats, say=say)
+    result = {"profile": str(out_path), "model": prof.model, "prefill": asdict(prof.prefill),
+              "resume": asdict(prof.resume), "links": {k: {"gbps": v.gbps, "latency_s": v.latency_s}
+                                                       for k, v in prof.links.items()},
+              "reconstruct": asdict(prof.reconstruct) if prof.reconstruct else None}  # fmt: skip
+    if json_out:
+        emit(result)
+    else:
+        kv_table(f"profile for {model} → {out_path}", {k: json.dumps(v) for k, v in result.items()})
+
+
+@sweep_app.command("transfer-vs-recompute")
+@user_errors
+def sweep_transfer_vs_recompute(
+    model: str = typer.Option("smollm2-135m", help="Registry name or local checkpoint folder."),
+    contexts: str = typer.Option("256,1024,4096,8192", help="Context lengths (a fixed grid)."),
+    backends: str = typer.Option("ucx,mpi", help="Loopback backends to measure."),
+    links: str = typer.Option("500,1000,2500,5000", help="Shaped tcp link rates in Mbit/s ('' for none)."),
+    repeats: int = typer.Option(3, help="Timed repetitions per point (median)."),
+    out_dir: Path = typer.Option(Path("sweep-out"), "--out", help="Folder for sweep.csv and sweep.png."),
+    address: str = typer.Option(
+        "", help="A deployment's Ray client address: sweep between its served replicas ('' = two processes here)."
+    ),
+    pairs: str = typer.Option("", help="With --address: SOURCE:DESTINATION replica pairs ('' = every ordered pair)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Measure recompute vs transfer+resume and grade the scheduler: between two processes here
+    (loopback and shaped links), or with --address between a deployment's replicas."""
+    from graphflow.bench.sweep_run import run_deployment_sweep, run_sweep
+    from graphflow.models.registry import resolve
+
+    if address:
+        result = run_deployment_sweep(address, model, ints(contexts, "--contexts"), pairs, out_dir, repeats,
+                                      say=say)  # fmt: skip
+        if json_out:
+            emit(result)
+        else:
+            kv_table(f"transfer vs recompute on the deployment at {address}", result)
+        return
+    resolve(model)
+    result = run_sweep(model, ints(contexts, "--contexts"), [b for b in backends.split(",") if b],
+                       [float(x) for x in links.split(",") if x], out_dir, repeats, say=say)  # fmt: skip
+    if json_out:
+        emit(result)
+    else:
+        kv_table(f"transfer vs recompute: {model}", result)

@@ -1,0 +1,337 @@
+"""Serving commands: ``graphflow serve``, ``submit``, ``status``, ``shutdown`` and ``demo`` (the
+main job, embedded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from graphflow.cli._common import emit, out, say, trace_table, user_errors
+from graphflow.runtime.plan import MAX_BATCH_TOKENS
+from graphflow.workflow.shapes import fan_out_workflow
+
+__all__ = ["demo", "result_json", "serve", "shutdown", "status", "submit"]
+
+DEMO_TASK_FILES = ("gsm8k_validate.jsonl", "mbpp_validate.jsonl")
+
+
+def result_json(result: Any) -> dict[str, Any]:
+    return {
+        "final": result.final,
+        "bytes_moved": result.bytes_moved,
+        "root_prefill_tokens": result.root_prefill_tokens,
+        "prefill_tokens": result.prefill_tokens,
+        "prefill_tokens_saved": result.prefill_tokens_saved,
+        "wall_s": result.wall_s,
+        "trace": [t.__dict__ if hasattr(t, "__dict__") else _slots(t) for t in result.trace],
+    }
+
+
+def _slots(obj: Any) -> dict[str, Any]:
+    return {k: getattr(obj, k) for k in obj.__slots__}
+
+
+@user_errors
+def serve(
+    model: str = typer.Option("tiny-llama", help="Model every replica serves."),
+    replicas: int = typer.Option(2, help="Replica actors to start."),
+    address: str = typer.Option("", help="Ray cluster to deploy on ('' = start a local head)."),
+    capacity_mib: int = typer.Option(1024, help="KV block store budget per replica (MiB)."),
+    kv_mode: str = typer.Option(
+        "exact",
+        help="Template KV: exact (never approximate), differential (base + residual for hot paths) "
+        "or stateless (base only).",
+    ),
+    transport: str = typer.Option(
+        "ucx", help="How replicas move KV: ucx (shared memory on one host, tcp/IB across) or ray (object store)."
+    ),
+    device: str = typer.Option("cpu", help="Where each replica's engine and KV live: cpu or cuda."),
+    recompute_head: int = typer.Option(
+        12, help="Differential mode: template tokens recomputed after the prefix instead of rebuilt."
+    ),
+    gpus_per_replica: float = typer.Option(0.0, help="GPUs Ray reserves for each replica (cuda needs > 0)."),
+    threads: int = typer.Option(0, help="Torch threads per replica (0 = every core of its host)."),
+    prefault_mib: int = typer.Option(
+        -1, help="KV memory each replica faults in at start, a block pool (-1 = the whole capacity; 0 = on demand)."
+    ),
+    spread: bool = typer.Option(
+        False, "--spread", help="Place replicas round-robin over the cluster's nodes (the manager on the head)."
+    ),
+    no_batching: bool = typer.Option(
+        False, "--no-batching", help="Run each node's forward passes alone (the unbatched reference)."
+    ),
+    max_batch_tokens: int = typer.Option(
+        MAX_BATCH_TOKENS, help="Tokens one engine step runs per replica: every decode plus pending prefill chunks."
+    ),
+    replace: bool = typer.Option(
+        False, "--replace", help="Shut down a running deployment of other settings instead of refusing."
+    ),
+    detach: bool = typer.Option(False, "--detach", help="Leave the deployment running and return."),
+    snapshot_dir: str = typer.Option(
+        "", help="Where the KV manager snapshots its catalog ('' = $GRAPHFLOW_CACHE/manager-snapshot)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Start the KV manager and N replica actors (named, so clients can attach)."""
+    from graphflow.client import CALIBRATION_KEY, calibrate_cluster
+    from graphflow.models.fetch import cache_root
+    from graphflow.models.registry import resolve
+    from graphflow.runtime.actors import Deployment, RayCluster
+    from graphflow.runtime.cluster import connect, start_head
+
+    resolve(model)
+    prefault = capacity_mib << 20 if prefault_mib < 0 else prefault_mib << 20
+    Deployment(
+        model,
+        replicas,
+        kv_mode,
+        capacity_mib << 20,
+        transport,
+        device,
+        gpus_per_replica,
+        recompute_head,
+        threads,
+        prefault,
+        spread,
+        not no_batching,
+        max_batch_tokens,
+    )  # checks input, one sentence per mistake
+    if address:
+        ray = connect(address)
+        head = address
+    else:
+        head = start_head()
+        ray = connect("auto")
+    say(f"starting {replicas} replicas of {model}")
+    snapshots = snapshot_dir or str(cache_root() / "manager-snapshot")
+    cluster = RayCluster.start(
+        ray, model, replicas, capacity_mib << 20, detached=True, snapshot_dir=snapshots, kv_mode=kv_mode,
+        transport=transport, device=device, gpus_per_replica=gpus_per_replica, replace_existing=replace,
+        recompute_head=recompute_head, threads=threads, prefault_bytes=prefault, spread=spread,
+        batching=not no_batching, max_batch_tokens=max_batch_tokens,
+    )  # fmt: skip
+    say("measuring prefill and replica-to-replica transfer costs for the scheduler")
+    calibration = calibrate_cluster(cluster)
+    cluster.share(CALIBRATION_KEY, calibration)
+    info = {
+        "address": head,
+        "client_address": head.replace(":6379", ":10001") if "ray://" not in head else head,
+        "replicas": cluster.replicas,
+        "placement": [{"replica": s["replica"], "node": s["node"], "host": s["host"]} for s in cluster.stats()],
+        "model": model,
+        "kv_mode": kv_mode,
+        "snapshot_dir": snapshots,
+        "transport": transport,
+        "device": device,
+        "batching": not no_batching,
+        "max_batch_tokens": max_batch_tokens if not no_batching else 0,
+        "links": [{"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
+                  for (a, b), ln in sorted(calibration.links.pairs.items())],
+    }  # fmt: skip
+    if json_out:
+        emit(info)
+    else:
+        out.print(f"serving {model} on {replicas} replicas; Ray head {head}")
+        out.print("submit with: RAY_AUTH_MODE=token graphflow submit --address ray://127.0.0.1:10001 --task '...'")
+    if not detach:
+        import time
+
+        say("serving until Ctrl-C")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            cluster.shutdown()
+
+
+@user_errors
+def submit(
+    task: str = typer.Option(..., help="The task's text."),
+    address: str = typer.Option(..., help="Ray client address of a `graphflow serve` deployment (ray://host:10001)."),
+    model: str = typer.Option("", help="Model the task is meant for ('' = whatever is served)."),
+    decode: int = typer.Option(16, help="Tokens each node generates."),
+    no_reuse: bool = typer.Option(False, "--no-reuse", help="Turn every KV reuse and transfer off."),
+    recalibrate: bool = typer.Option(
+        False, "--recalibrate", help="Re-measure costs instead of using the ones `serve` measured."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Submit a task to a running deployment; prints the output and the per-node trace."""
+    from graphflow.client import connect
+
+    client = connect(address, decode_steps=decode, recalibrate=recalibrate)
+    client.served_model(model)
+    result = client.run(task, reuse=not no_reuse)
+    if json_out:
+        emit(result_json(result))
+    else:
+        out.print(trace_table("per-node decisions", result))
+        out.print(f"output: {result.final!r}")
+
+
+@user_errors
+def status(
+    address: str = typer.Option("auto", help="Ray address of the deployment."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Replicas, KV memory and blocks of a running deployment."""
+    from graphflow.runtime.actors import RayCluster
+    from graphflow.runtime.cluster import connect
+
+    cluster = RayCluster.attach(connect(address))
+    stats = cluster.stats()
+    nodes = cluster.nodes()
+    if json_out:
+        emit({"replicas": stats, "lost": cluster.lost, "nodes": nodes})
+        return
+    table = Table(
+        "replica",
+        "model",
+        "transport",
+        "host",
+        "device",
+        "blocks",
+        "states",
+        "used MiB",
+        "peak MiB",
+        "capacity MiB",
+        "prefix hits",
+        "hit rate",
+        title="status",
+    )
+    for s in stats:
+        table.add_row(
+            s["replica"],
+            s["model"],
+            s.get("transport", ""),
+            s.get("host", ""),
+            s.get("device", ""),
+            str(s["blocks"]),
+            str(s["states"]),
+            f"{s['used_bytes'] / 2**20:.1f}",
+            f"{s['peak_bytes'] / 2**20:.1f}",
+            f"{s['capacity_bytes'] / 2**20:.0f}",
+            str(s.get("hits", 0)),
+            f"{s.get('hit_rate', 0.0):.0%}",
+        )
+    out.print(table)
+    gone = [n["host"] or n["node"][:12] for n in nodes if not n["alive"]]
+    if cluster.lost or gone:
+        out.print(f"lost replicas: {', '.join(cluster.lost) or 'none'}; dead nodes: {', '.join(gone) or 'none'}")
+
+
+@user_errors
+def shutdown(
+    address: str = typer.Option("auto", help="Ray address of the deployment."),
+    stop_head: bool = typer.Option(True, help="Also stop a local Ray head started by `graphflow serve`."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Stop the replicas and the manager (and the local head)."""
+    from graphflow.runtime.actors import RayCluster
+    from graphflow.runtime.cluster import connect
+    from graphflow.runtime.cluster import shutdown as disconnect
+    from graphflow.runtime.cluster import stop_head as stop
+
+    try:
+        cluster = RayCluster.attach(connect(address))
+        cluster.shutdown()
+        stopped = cluster.replicas
+    finally:
+        disconnect()  # NOTE: leave the cluster before stopping it, or Ray logs errors after our output
+        if stop_head:
+            stop()
+    emit({"stopped": stopped}) if json_out else out.print(f"stopped {len(stopped)} replicas and the manager")
+
+
+@user_errors
+def demo(
+    model: str = typer.Option("smollm2-135m", help="Model the replicas serve."),
+    replicas: int = typer.Option(2, help="Replica actors."),
+    tasks: int = typer.Option(2, help="Real tasks from the shared data to run."),
+    decode: int = typer.Option(24, help="Tokens each node generates."),
+    branches: int = typer.Option(3, help="Parallel branches of the extra fan-out run (with 2+ replicas)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """The main job, embedded: real tasks through generated workflows on replica actors, plus
+    one workflow of parallel branches that spread over the replicas (KV moved over UCX);
+    each run twice (KV reuse on / off) to show time, TTFT and prefill tokens saved."""
+    from graphflow.client import connect
+    from graphflow.workflow.tasks import default_tasks_dir, task_text
+
+    folder = Path(os.environ.get("GRAPHFLOW_TASKS", default_tasks_dir()))
+    picked: list[str] = []
+    for name in DEMO_TASK_FILES:
+        lines = (folder / name).read_text().splitlines() if (folder / name).is_file() else []
+        picked += [t for t in (task_text(json.loads(x)) for x in lines[: max(1, tasks // 2)]) if t]
+    if not picked:
+        raise ValueError(f"no demo tasks found in {folder}; set GRAPHFLOW_TASKS to a folder of *_validate.jsonl")
+    say(f"starting {replicas} replicas of {model} on an embedded Ray")
+    client = connect(None, model=model, replicas=replicas, decode_steps=decode)
+    runs: list[tuple[str, Any]] = [(task, None) for task in picked[:tasks]]
+    if replicas > 1:  # one workflow whose parallel branches spread over the replicas
+        runs.append((picked[0], fan_out_workflow(branches)))
+    summary = []
+    for i, (task, wf) in enumerate(runs):
+        shape = "generated workflow" if wf is None else f"{branches} parallel branches"
+        say(f"run {i + 1}/{len(runs)} ({shape}): with KV reuse")
+        on = client.run(task, wf)
+        say(f"run {i + 1}: without KV reuse")
+        off = client.run(task, wf, reuse=False)
+        if not json_out:
+            out.print(trace_table(f"run {i + 1} ({shape}): {task[:60]!r}…", on))
+            out.print(f"[bold]answer:[/] {on.final.strip()[:200]!r}")
+        summary.append(
+            {
+                "run": i + 1,
+                "workflow": shape,
+                "nodes": len(on.nodes),
+                "replicas_used": len({t.replica for t in on.nodes}),
+                "wall_s_reuse": on.wall_s,
+                "wall_s_no_reuse": off.wall_s,
+                "ttft_s_median_reuse": statistics.median(t.ttft_s for t in on.nodes),
+                "ttft_s_median_no_reuse": statistics.median(t.ttft_s for t in off.nodes),
+                "root_prefill_tokens": on.root_prefill_tokens,
+                "prefill_tokens_reuse": on.prefill_tokens,
+                "prefill_tokens_no_reuse": off.prefill_tokens,
+                "prefill_tokens_saved": on.prefill_tokens_saved,
+                "bytes_moved": on.bytes_moved,
+                "outputs_identical": on.outputs == off.outputs,
+            }
+        )
+    transport = sorted({s["transport"] for s in client.status()})
+    if json_out:
+        emit({"model": model, "replicas": replicas, "transport": ",".join(transport), "runs": summary})
+        return
+    table = Table(
+        "run",
+        "workflow",
+        "nodes",
+        "replicas",
+        "wall s (reuse / none)",
+        "TTFT median (reuse / none)",
+        "prefill tokens (reuse, root incl. / none)",
+        "net saved",
+        f"bytes moved ({','.join(transport)})",
+        "same outputs",
+        title="summary: KV reuse on vs off (measured; the root's prefill is charged to reuse)",
+    )
+    for s in summary:
+        table.add_row(
+            str(s["run"]),
+            str(s["workflow"]),
+            str(s["nodes"]),
+            str(s["replicas_used"]),
+            f"{s['wall_s_reuse']:.2f} / {s['wall_s_no_reuse']:.2f}",
+            f"{s['ttft_s_median_reuse']:.3f} / {s['ttft_s_median_no_reuse']:.3f} s",
+            f"{s['prefill_tokens_reuse']} / {s['prefill_tokens_no_reuse']}",
+            str(s["prefill_tokens_saved"]),
+            f"{s['bytes_moved']:,}",
+            str(s["outputs_identical"]),
+        )
+    out.print(table)

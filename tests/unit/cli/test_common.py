@@ -1,0 +1,48 @@
+"""The CLI's error policy: caller mistakes and what the machine lacks are one line and exit 2;
+broken state (RuntimeError) keeps its traceback."""
+
+from __future__ import annotations
+
+import typer
+from typer.testing import CliRunner
+
+from graphflow.cli._common import ints, names, user_errors
+from graphflow.runtime.errors import Unavailable
+
+runner = CliRunner()
+
+
+def _app(exc: BaseException) -> typer.Typer:
+    app = typer.Typer()
+
+    @app.command()
+    @user_errors
+    def fail() -> None:
+        raise exc
+
+    return app
+
+
+def test_a_caller_mistake_and_a_missing_tool_are_one_line_and_exit_2():
+    for exc in (ValueError("--load must be at least 1, got 0"), Unavailable("mpirun not found; install the project")):
+        result = runner.invoke(_app(exc), [])
+        assert result.exit_code == 2
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and str(exc) in lines[0]
+
+
+def test_broken_state_is_not_turned_into_a_user_error():
+    result = runner.invoke(_app(RuntimeError("block refcounts do not match")), [])
+    assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
+
+
+def test_list_options():
+    assert ints("32, 64", "--tokens") == [32, 64]
+    assert names(" ucx, ,mpi ") == ["ucx", "mpi"]
+    for bad in ("1k", "0,4", ""):
+        try:
+            ints(bad, "--tokens")
+        except ValueError as exc:
+            assert "--tokens" in str(exc)
+        else:
+            raise AssertionError(f"{bad!r} was accepted")
