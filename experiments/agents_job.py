@@ -29,19 +29,47 @@ from graphflow.harness.launch import run_two_processes
 
 __all__ = ["SYSTEM_LABELS", "Study", "by_system", "ideal_s", "reduce", "run_agents", "same_tokens", "study_main"]
 
-SYSTEM_LABELS = {"dense": "dense", "text": "text replay", "local": "local reuse (round robin)",
-                 "local_holder": "local reuse (all on holder)", "ours": "ours"}  # fmt: skip
+SYSTEM_LABELS = {
+    "dense": "dense",
+    "text": "text replay",
+    "local": "local reuse (round robin)",
+    "local_holder": "local reuse (all on holder)",
+    "ours": "ours",
+}
 _SUMMED = ("stored_bytes", "shared_bytes", "working_bytes", "rss_growth_bytes")
 
 
-def run_agents(model: str, root_tokens: int, workloads: Sequence[tuple[int, int]], *, suffix: int, decode: int,
-               repeats: int, systems: Sequence[str] = tuple(SYSTEM_LABELS),
-               ) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
+def run_agents(
+    model: str,
+    root_tokens: int,
+    workloads: Sequence[tuple[int, int]],
+    *,
+    suffix: int,
+    decode: int,
+    repeats: int,
+    systems: Sequence[str] = tuple(SYSTEM_LABELS),
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """All trials (A's rows, both replicas' columns) and A's metadata (root prefill time, …)."""
-    job = ["--job", "agents", "--model", model, "--root-tokens", str(root_tokens),
-           "--workloads", ",".join(f"{r}x{a}" for r, a in workloads), "--suffix", str(suffix),
-           "--decode", str(decode), "--repeats", str(repeats), "--systems", ",".join(systems),
-           "--timeout", "1800"]  # fmt: skip
+    job = [
+        "--job",
+        "agents",
+        "--model",
+        model,
+        "--root-tokens",
+        str(root_tokens),
+        "--workloads",
+        ",".join(f"{r}x{a}" for r, a in workloads),
+        "--suffix",
+        str(suffix),
+        "--decode",
+        str(decode),
+        "--repeats",
+        str(repeats),
+        "--systems",
+        ",".join(systems),
+        "--timeout",
+        "1800",
+    ]
     holder, _ = run_two_processes("ucx", job, timeout_s=4 * 3600)
     meta = {k: v for k, v in holder.items() if k != "trials"}
     return holder["trials"], meta
@@ -55,8 +83,16 @@ def by_system(rows: Sequence[Mapping[str, Any]], key: str) -> dict[int, dict[str
     return out
 
 
-def plot_by_system(rows: Sequence[Mapping[str, Any]], key: str, metric: str, png: Path, *, xlabel: str,
-                   ylabel: str, ideal: bool = False) -> None:  # fmt: skip
+def plot_by_system(
+    rows: Sequence[Mapping[str, Any]],
+    key: str,
+    metric: str,
+    png: Path,
+    *,
+    xlabel: str,
+    ylabel: str,
+    ideal: bool = False,
+) -> None:
     """One log-log line per system of ``metric`` against ``key`` (plus ours' ideal when asked)."""
     import matplotlib
 
@@ -97,9 +133,15 @@ def reduce(trials: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         def med(key: str, ts: list[dict[str, Any]] = ts) -> float:
             return statistics.median(float(t[key]) for t in ts)
 
-        row: dict[str, Any] = {"roots": roots, "agents_per_root": per_root, "agents": roots * per_root,
-                               "system": system, "repeats": len(ts), "makespan_s": med("makespan_s"),
-                               "generated_tokens": int(ts[0]["generated_tokens"])}  # fmt: skip
+        row: dict[str, Any] = {
+            "roots": roots,
+            "agents_per_root": per_root,
+            "agents": roots * per_root,
+            "system": system,
+            "repeats": len(ts),
+            "makespan_s": med("makespan_s"),
+            "generated_tokens": int(ts[0]["generated_tokens"]),
+        }
         row["tokens_per_s"] = row["generated_tokens"] / row["makespan_s"]
         row["replica_busy_s"] = med("a_busy_s") + med("b_busy_s")
         for part in ("prefill_s", "transfer_s", "rebuild_s", "agents_s"):
@@ -117,8 +159,11 @@ def same_tokens(trials: Sequence[dict[str, Any]], system: str, reference: str) -
     (same workload, first repeat)."""
 
     def tokens(name: str) -> dict[tuple[int, int], Any]:
-        return {(int(t["roots"]), int(t["agents_per_root"])): json.loads(t["tokens"])
-                for t in trials if t["system"] == name and int(t["repeat"]) == 0}  # fmt: skip
+        return {
+            (int(t["roots"]), int(t["agents_per_root"])): json.loads(t["tokens"])
+            for t in trials
+            if t["system"] == name and int(t["repeat"]) == 0
+        }
 
     got, ref = tokens(system), tokens(reference)
     same = total = 0
@@ -159,8 +204,9 @@ def study_main(study: Study, doc: str | None) -> None:
     p.add_argument("--decode", type=int, default=32, help="tokens each agent produces")
     p.add_argument("--repeats", type=int, default=1)
     root, counts, suffix, decode = study.quick
-    p.add_argument("--quick", action="store_true",
-                   help=f"{root}-token roots, {study.counts} {counts}, {decode} tokens (≤ 60 s)")  # fmt: skip
+    p.add_argument(
+        "--quick", action="store_true", help=f"{root}-token roots, {study.counts} {counts}, {decode} tokens (≤ 60 s)"
+    )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("--report", action="store_true", help="only regenerate table, plot and summary from the CSVs")
     add_provenance(p)
@@ -181,12 +227,23 @@ def study_main(study: Study, doc: str | None) -> None:
     if not args.json:
         print("two replica processes; the full run takes 10–25 minutes on a 2-core machine, --quick under one")
         print(f"{args.model}: {args.root_tokens}-token roots, {study.counts} {ns}, {args.decode} tokens per agent")
-    trials, meta = run_agents(args.model, args.root_tokens, study.workloads(ns), suffix=args.suffix,
-                              decode=args.decode, repeats=args.repeats)  # fmt: skip
+    trials, meta = run_agents(
+        args.model, args.root_tokens, study.workloads(ns), suffix=args.suffix, decode=args.decode, repeats=args.repeats
+    )
     write_csv(results / "trials.csv", trials)
-    write_meta(meta_folder, model=args.model, root_tokens=args.root_tokens, **{study.counts: ns},
-               suffix=args.suffix, decode=args.decode, repeats=args.repeats, quick=args.quick, backend="ucx",
-               replicas=2, job=meta)  # fmt: skip
+    write_meta(
+        meta_folder,
+        model=args.model,
+        root_tokens=args.root_tokens,
+        **{study.counts: ns},
+        suffix=args.suffix,
+        decode=args.decode,
+        repeats=args.repeats,
+        quick=args.quick,
+        backend="ucx",
+        replicas=2,
+        job=meta,
+    )
     _publish(study, trials, meta, args.json, results)
 
 

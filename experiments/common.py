@@ -41,8 +41,11 @@ def git_state(root: Path) -> dict[str, Any]:
 
     status = git("status", "--porcelain")
     diff = git("diff", "HEAD") + status if status else ""
-    return {"git_sha": git("rev-parse", "HEAD").strip(), "git_dirty": bool(status),
-            "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if status else ""}  # fmt: skip
+    return {
+        "git_sha": git("rev-parse", "HEAD").strip(),
+        "git_dirty": bool(status),
+        "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if status else "",
+    }
 
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -131,8 +134,9 @@ def replace_section(readme: Path, name: str, body: str) -> None:
     readme.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
 
 
-def plot_main(doc: str | None, results: Path, csv_name: str, png_name: str,
-              plot: Callable[[list[dict[str, str]], Path], None]) -> None:  # fmt: skip
+def plot_main(
+    doc: str | None, results: Path, csv_name: str, png_name: str, plot: Callable[[list[dict[str, str]], Path], None]
+) -> None:
     """A study's ``plot.py`` command line: its CSV in, its PNG out (``--results`` picks the folder,
     e.g. a ``--quick`` run's ``out/quick``)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -25,8 +25,16 @@ from scheduler.cost import LinkMatrix, LinkSpec
 from scheduler.policy import Policy
 from transport.base import transfer_ids
 
-__all__ = ["CALIBRATION_KEY", "Calibration", "Client", "calibrate_cluster", "connect", "measure_link", "measure_pair",
-           "new_run_id"]  # fmt: skip
+__all__ = [
+    "CALIBRATION_KEY",
+    "Calibration",
+    "Client",
+    "calibrate_cluster",
+    "connect",
+    "measure_link",
+    "measure_pair",
+    "new_run_id",
+]
 
 _probe_ids = transfer_ids()
 
@@ -50,8 +58,9 @@ LINK_PROBE_REPEATS = 3
 LINK_PROBE_BUDGET_S = 0.25  # a probe this slow is bandwidth-bound: larger sizes add time, not information
 
 
-def measure_link(cluster: Any, src: str, dst: str, sizes: tuple[int, ...] = LINK_PROBE_BYTES,
-                 repeats: int = LINK_PROBE_REPEATS) -> list[tuple[int, float]]:  # fmt: skip
+def measure_link(
+    cluster: Any, src: str, dst: str, sizes: tuple[int, ...] = LINK_PROBE_BYTES, repeats: int = LINK_PROBE_REPEATS
+) -> list[tuple[int, float]]:
     """Probe transfers ``src`` → ``dst``: one warm-up, then the fastest of ``repeats`` per size
     (sizes after the second stop once a probe takes over ``LINK_PROBE_BUDGET_S``).
 
@@ -108,8 +117,9 @@ class Client:
     cluster: Any
     executor: WorkflowExecutor
 
-    def run(self, task: str, workflow: Workflow | None = None, reuse: bool = True,
-            pin: Mapping[str, str] | None = None) -> RunResult:  # fmt: skip
+    def run(
+        self, task: str, workflow: Workflow | None = None, reuse: bool = True, pin: Mapping[str, str] | None = None
+    ) -> RunResult:
         """Generate (or take) a workflow for ``task``, run it on the replicas, return output + trace.
 
         ``pin`` maps node ids (or ``ROOT``, the task context) to the replica they must run on."""
@@ -141,11 +151,22 @@ def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:8]}"
 
 
-def connect(address: str | None = None, model: str = "tiny-llama", replicas: int = 2, decode_steps: int = 16,
-            recalibrate: bool = False, kv_mode: str = "exact", transport: str = "ucx",
-            device: str = "cpu", recompute_head: int = 12, capacity_mib: int = 1024, threads: int = 0,
-            prefault_mib: int = 0, batching: bool = True,
-            max_batch_tokens: int = MAX_BATCH_TOKENS) -> Client:  # fmt: skip
+def connect(
+    address: str | None = None,
+    model: str = "tiny-llama",
+    replicas: int = 2,
+    decode_steps: int = 16,
+    recalibrate: bool = False,
+    kv_mode: str = "exact",
+    transport: str = "ucx",
+    device: str = "cpu",
+    recompute_head: int = 12,
+    capacity_mib: int = 1024,
+    threads: int = 0,
+    prefault_mib: int = 0,
+    batching: bool = True,
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
+) -> Client:
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
     move KV over ``transport``: ucx or ray, each with ``capacity_mib`` of KV store, ``threads``
@@ -164,10 +185,21 @@ def connect(address: str | None = None, model: str = "tiny-llama", replicas: int
 
     if address is None:
         ray = start_local()
-        cluster = RayCluster.start(ray, model, replicas, capacity_mib << 20, kv_mode=kv_mode, transport=transport,
-                                   device=device, replace_existing=True, recompute_head=recompute_head,
-                                   threads=threads, prefault_bytes=prefault_mib << 20, batching=batching,
-                                   max_batch_tokens=max_batch_tokens)  # fmt: skip
+        cluster = RayCluster.start(
+            ray,
+            model,
+            replicas,
+            capacity_mib << 20,
+            kv_mode=kv_mode,
+            transport=transport,
+            device=device,
+            replace_existing=True,
+            recompute_head=recompute_head,
+            threads=threads,
+            prefault_bytes=prefault_mib << 20,
+            batching=batching,
+            max_batch_tokens=max_batch_tokens,
+        )
         calibration = calibrate_cluster(cluster)
     else:
         ray = ray_connect(address)

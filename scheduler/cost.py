@@ -48,8 +48,10 @@ class LinkSpec:
 
     def __post_init__(self) -> None:
         if not self.bandwidth_bytes_per_s > 0:
-            raise ValueError(f"link {self.backend} {self.src}→{self.dst}: bandwidth must be positive, "
-                             f"got {self.bandwidth_bytes_per_s}; re-run the probe")  # fmt: skip
+            raise ValueError(
+                f"link {self.backend} {self.src}→{self.dst}: bandwidth must be positive, "
+                f"got {self.bandwidth_bytes_per_s}; re-run the probe"
+            )
         if self.latency_s < 0:
             raise ValueError(f"link {self.backend}: latency must be non-negative, got {self.latency_s}")
 

@@ -164,8 +164,12 @@ def _reconstruct_s(req: StateRequest, pol: Policy, res: ResidualCopy) -> tuple[f
     end = min(start + res.tokens, total)
     local = min(req.local_tokens, start)
     head = t_prefill_suffix(pol.prefill, start, min(start + res.recompute, end))
-    seconds = (t_prefill_suffix(pol.prefill, local, start) + pol.reconstruct(res.nbytes) + head
-               + t_prefill_suffix(pol.prefill, end, total))  # fmt: skip
+    seconds = (
+        t_prefill_suffix(pol.prefill, local, start)
+        + pol.reconstruct(res.nbytes)
+        + head
+        + t_prefill_suffix(pol.prefill, end, total)
+    )
     return seconds, local
 
 
@@ -244,16 +248,26 @@ def decide(req: StateRequest, pol: Policy, force: Option | None = None) -> Decis
     )
 
 
-def recompute(replica: str, total_tokens: int, kv_bytes_per_token: int, pol: Policy, why: str,
-              fallback: str = "") -> Decision:  # fmt: skip
+def recompute(
+    replica: str, total_tokens: int, kv_bytes_per_token: int, pol: Policy, why: str, fallback: str = ""
+) -> Decision:
     """A RECOMPUTE decision made without weighing options (reuse off, or a failure's fallback)."""
-    return Decision(Option.RECOMPUTE, replica, "", {Option.RECOMPUTE: t_prefill(pol.prefill, total_tokens)},
-                    {Option.RECOMPUTE: 0.0}, {Option.RECOMPUTE: total_tokens * kv_bytes_per_token}, why,
-                    total_tokens=total_tokens, fallback=fallback)  # fmt: skip
+    return Decision(
+        Option.RECOMPUTE,
+        replica,
+        "",
+        {Option.RECOMPUTE: t_prefill(pol.prefill, total_tokens)},
+        {Option.RECOMPUTE: 0.0},
+        {Option.RECOMPUTE: total_tokens * kv_bytes_per_token},
+        why,
+        total_tokens=total_tokens,
+        fallback=fallback,
+    )
 
 
-def place(requests: Sequence[StateRequest], queue_s: dict[str, float], pol: Policy,
-          force: Option | None = None) -> Decision:  # fmt: skip
+def place(
+    requests: Sequence[StateRequest], queue_s: dict[str, float], pol: Policy, force: Option | None = None
+) -> Decision:
     """Choose the replica: each replica's best option plus the work already queued there
     (``force``: see :func:`decide`)."""
     if not requests:

@@ -47,8 +47,9 @@ class MpiTransport(SingleCopyTransport):
 
     name = "mpi"
 
-    def __init__(self, config: TransportConfig | None = None, comm: Any = None,
-                 single_copy: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, config: TransportConfig | None = None, comm: Any = None, single_copy: bool | None = None
+    ) -> None:
         super().__init__(config)
         from mpi4py import MPI
 

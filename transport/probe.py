@@ -30,8 +30,9 @@ def probe_blocks(nbytes: int, block_bytes: int) -> tuple[list[BlockHeader], list
     if block_bytes <= 0 or nbytes <= 0:
         raise ValueError(f"probe sizes must be positive, got {nbytes}, {block_bytes}")
     tensors = [torch.full((block_bytes,), i % 251, dtype=torch.uint8) for i in range(max(1, nbytes // block_bytes))]
-    headers = [BlockHeader(i + 1, i, 0, (), "uint8", (block_bytes,), block_bytes, checksum(t))
-               for i, t in enumerate(tensors)]  # fmt: skip
+    headers = [
+        BlockHeader(i + 1, i, 0, (), "uint8", (block_bytes,), block_bytes, checksum(t)) for i, t in enumerate(tensors)
+    ]
     return headers, tensors
 
 

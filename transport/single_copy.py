@@ -78,8 +78,14 @@ class _Plan:
     @classmethod
     def decode(cls, words: np.ndarray) -> _Plan:
         rows = words[_FIXED_WORDS:].reshape(-1, 3).tolist()
-        return cls(int(words[0]), words[1:2].tobytes(), int(words[2]), int(words[3]), words[4:6].tobytes(),
-                   {seq: (addr, n) for seq, addr, n in rows})  # fmt: skip
+        return cls(
+            int(words[0]),
+            words[1:2].tobytes(),
+            int(words[2]),
+            int(words[3]),
+            words[4:6].tobytes(),
+            {seq: (addr, n) for seq, addr, n in rows},
+        )
 
 
 class Sends(ABC):

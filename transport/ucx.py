@@ -40,8 +40,13 @@ class UcxTransport(MessageTransport):
 
     name = "ucx"
 
-    def __init__(self, config: TransportConfig | None = None, error_handling: bool = False,
-                 net_devices: str = "", busy_poll: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: TransportConfig | None = None,
+        error_handling: bool = False,
+        net_devices: str = "",
+        busy_poll: bool = False,
+    ) -> None:
         super().__init__(config)
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
         import ucxx

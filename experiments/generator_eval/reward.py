@@ -67,19 +67,57 @@ RESULTS = HERE / "results"
 
 # (country, capital); even positions train, odd positions test — disjoint countries.
 CAPITALS = (
-    ("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Germany", "Berlin"), ("Spain", "Madrid"),
-    ("Egypt", "Cairo"), ("Russia", "Moscow"), ("China", "Beijing"), ("Greece", "Athens"), ("Portugal", "Lisbon"),
-    ("Austria", "Vienna"), ("Norway", "Oslo"), ("Sweden", "Stockholm"), ("Finland", "Helsinki"),
-    ("Denmark", "Copenhagen"), ("Poland", "Warsaw"), ("Ireland", "Dublin"), ("Hungary", "Budapest"),
-    ("Thailand", "Bangkok"), ("Kenya", "Nairobi"), ("Peru", "Lima"), ("Argentina", "Buenos Aires"),
-    ("Cuba", "Havana"), ("Turkey", "Ankara"), ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Mexico", "Mexico City"),
-    ("Canada", "Ottawa"), ("Australia", "Canberra"), ("India", "New Delhi"), ("Belgium", "Brussels"),
-    ("Netherlands", "Amsterdam"), ("Czech Republic", "Prague"), ("Chile", "Santiago"), ("Colombia", "Bogota"),
-    ("Venezuela", "Caracas"), ("Philippines", "Manila"), ("Indonesia", "Jakarta"), ("Vietnam", "Hanoi"),
-    ("South Korea", "Seoul"), ("Ukraine", "Kyiv"), ("Romania", "Bucharest"), ("Bulgaria", "Sofia"),
-    ("Serbia", "Belgrade"), ("Morocco", "Rabat"), ("Ethiopia", "Addis Ababa"), ("Nigeria", "Abuja"),
-    ("Ghana", "Accra"), ("Pakistan", "Islamabad"), ("Afghanistan", "Kabul"),
-)  # fmt: skip
+    ("France", "Paris"),
+    ("Japan", "Tokyo"),
+    ("Italy", "Rome"),
+    ("Germany", "Berlin"),
+    ("Spain", "Madrid"),
+    ("Egypt", "Cairo"),
+    ("Russia", "Moscow"),
+    ("China", "Beijing"),
+    ("Greece", "Athens"),
+    ("Portugal", "Lisbon"),
+    ("Austria", "Vienna"),
+    ("Norway", "Oslo"),
+    ("Sweden", "Stockholm"),
+    ("Finland", "Helsinki"),
+    ("Denmark", "Copenhagen"),
+    ("Poland", "Warsaw"),
+    ("Ireland", "Dublin"),
+    ("Hungary", "Budapest"),
+    ("Thailand", "Bangkok"),
+    ("Kenya", "Nairobi"),
+    ("Peru", "Lima"),
+    ("Argentina", "Buenos Aires"),
+    ("Cuba", "Havana"),
+    ("Turkey", "Ankara"),
+    ("Iran", "Tehran"),
+    ("Iraq", "Baghdad"),
+    ("Mexico", "Mexico City"),
+    ("Canada", "Ottawa"),
+    ("Australia", "Canberra"),
+    ("India", "New Delhi"),
+    ("Belgium", "Brussels"),
+    ("Netherlands", "Amsterdam"),
+    ("Czech Republic", "Prague"),
+    ("Chile", "Santiago"),
+    ("Colombia", "Bogota"),
+    ("Venezuela", "Caracas"),
+    ("Philippines", "Manila"),
+    ("Indonesia", "Jakarta"),
+    ("Vietnam", "Hanoi"),
+    ("South Korea", "Seoul"),
+    ("Ukraine", "Kyiv"),
+    ("Romania", "Bucharest"),
+    ("Bulgaria", "Sofia"),
+    ("Serbia", "Belgrade"),
+    ("Morocco", "Rabat"),
+    ("Ethiopia", "Addis Ababa"),
+    ("Nigeria", "Abuja"),
+    ("Ghana", "Accra"),
+    ("Pakistan", "Islamabad"),
+    ("Afghanistan", "Kabul"),
+)
 _ARITH_PHRASES = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "Calculate {a} {op} {b}.")
 _CAPITAL_PHRASES = ("What is the capital of {c}?", "Name the capital city of {c}.", "Which city is the capital of {c}?")
 CHAT_USER, CHAT_END, CHAT_ASSISTANT = "<|im_start|>user\n", "<|im_end|>\n", "<|im_start|>assistant\n"
@@ -244,8 +282,20 @@ def train_generator(
     """REINFORCE with the study's settings (seeded); the reward of every sampled workflow."""
     torch.manual_seed(settings.seed)
     s = settings
-    return reinforce(planner, tasks, reward, s.steps, s.lr, s.seed, s.samples, s.explore, s.temperature, s.task_skip,
-                     s.tasks_per_step, s.skip_lr_scale)  # fmt: skip
+    return reinforce(
+        planner,
+        tasks,
+        reward,
+        s.steps,
+        s.lr,
+        s.seed,
+        s.samples,
+        s.explore,
+        s.temperature,
+        s.task_skip,
+        s.tasks_per_step,
+        s.skip_lr_scale,
+    )
 
 
 def baselines(planner: Planner) -> tuple[Callable[[str], Workflow], Workflow, list[Workflow]]:
@@ -286,8 +336,10 @@ def evaluate(
     rewards = train_generator(planner, [t.text for t in train], reward, settings)
     train_s = time.perf_counter() - start
     runner.save()
-    say(f"trained in {train_s:.0f} s ({runner.node_runs} node runs); mean reward first/last 50: "
-        f"{np.mean(rewards[:50]):.3f} / {np.mean(rewards[-50:]):.3f}")  # fmt: skip
+    say(
+        f"trained in {train_s:.0f} s ({runner.node_runs} node runs); mean reward first/last 50: "
+        f"{np.mean(rewards[:50]):.3f} / {np.mean(rewards[-50:]):.3f}"
+    )
 
     methods: dict[str, Callable[[str], Workflow]] = {
         "gnn": planner.generate,
@@ -305,20 +357,31 @@ def evaluate(
         for i, t in enumerate(test):
             wf = method(t.text)
             text = runner.run(wf, t.text)
-            rows.append({"method": name, "task": i, "family": t.family, "workflow": signature(wf),
-                         "nodes": len(wf.nodes), "success": score(t, text), "output": text[-120:]})  # fmt: skip
+            rows.append(
+                {
+                    "method": name,
+                    "task": i,
+                    "family": t.family,
+                    "workflow": signature(wf),
+                    "nodes": len(wf.nodes),
+                    "success": score(t, text),
+                    "output": text[-120:],
+                }
+            )
         say(f"{name}: success {np.mean([r['success'] for r in rows if r['method'] == name]):.3f}")
         runner.save()
     return summarize(rows, settings, rewards, train_s, runner), rows
 
 
 def _success(rows: Sequence[dict[str, Any]], method: str) -> np.ndarray:
-    return np.array([float(r["success"]) for r in sorted((r for r in rows if r["method"] == method),
-                                                            key=lambda r: int(r["task"]))])  # fmt: skip
+    return np.array(
+        [float(r["success"]) for r in sorted((r for r in rows if r["method"] == method), key=lambda r: int(r["task"]))]
+    )
 
 
-def summarize(rows: Sequence[dict[str, Any]], settings: Settings, rewards: Sequence[float], train_s: float,
-              runner: WorkflowRunner) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    rows: Sequence[dict[str, Any]], settings: Settings, rewards: Sequence[float], train_s: float, runner: WorkflowRunner
+) -> dict[str, Any]:
     fixed = sorted({r["method"] for r in rows if r["method"].startswith("fixed:")})
     best = max(fixed, key=lambda m: _success(rows, m).mean())
     gnn = _success(rows, "gnn")
@@ -330,7 +393,7 @@ def summarize(rows: Sequence[dict[str, Any]], settings: Settings, rewards: Seque
         **{
             f"{m}_success": float(_success(rows, m).mean()) if any(r["method"] == m for r in rows) else None
             for m in ("retrieval", "majority", "gnn_imitation")
-        },  # fmt: skip
+        },
         "diff_ci_low": lo,
         "diff_ci_high": hi,
         "tasks": len(gnn),
@@ -349,18 +412,23 @@ def table_from_csv(path: Path) -> str:
     families = sorted({r["family"] for r in rows})
     best = max((m for m in methods if m.startswith("fixed:")), key=lambda m: _success(rows, m).mean())
     ref = _success(rows, best)
-    out = [f"\n{len(ref)} test tasks ({', '.join(families)}); paired difference against the best fixed "
-           f"workflow on these tasks (`{best.removeprefix('fixed:')}`).\n",
-           "| method | success | 95% CI | " + " | ".join(families) + " | − best fixed (95% CI) | workflows used |",
-           "|---|---|---|" + "---|" * len(families) + "---|---|"]  # fmt: skip
+    out = [
+        f"\n{len(ref)} test tasks ({', '.join(families)}); paired difference against the best fixed "
+        f"workflow on these tasks (`{best.removeprefix('fixed:')}`).\n",
+        "| method | success | 95% CI | " + " | ".join(families) + " | − best fixed (95% CI) | workflows used |",
+        "|---|---|---|" + "---|" * len(families) + "---|---|",
+    ]
     for m in methods:
         s = _success(rows, m)
         lo, hi = bootstrap_ci(list(s))
         dlo, dhi = bootstrap_ci(list(s - ref))
         per = [np.mean([float(r["success"]) for r in rows if r["method"] == m and r["family"] == f]) for f in families]
         used = len({r["workflow"] for r in rows if r["method"] == m})
-        out.append(f"| {m} | {s.mean():.3f} | [{lo:.3f}, {hi:.3f}] | " + " | ".join(f"{p:.2f}" for p in per)
-                   + f" | {s.mean() - ref.mean():+.3f} [{dlo:+.3f}, {dhi:+.3f}] | {used} |")  # fmt: skip
+        out.append(
+            f"| {m} | {s.mean():.3f} | [{lo:.3f}, {hi:.3f}] | "
+            + " | ".join(f"{p:.2f}" for p in per)
+            + f" | {s.mean() - ref.mean():+.3f} [{dlo:+.3f}, {dhi:+.3f}] | {used} |"
+        )
     return "\n".join(out)
 
 
@@ -371,8 +439,11 @@ def seeds_table(results: Path = RESULTS) -> str:
         (int(p.name.removeprefix("reward_seed").removesuffix("_rows.csv")), p)
         for p in results.glob("reward_seed*_rows.csv")
     )
-    out = ["| seed | methods scored | gnn | arithmetic | capital | retrieval | majority | best fixed "
-           "| gnn − best fixed (95% CI) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "| seed | methods scored | gnn | arithmetic | capital | retrieval | majority | best fixed "
+        "| gnn − best fixed (95% CI) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for seed, path in runs:
         if not path.is_file():
             continue
@@ -381,13 +452,17 @@ def seeds_table(results: Path = RESULTS) -> str:
         best = max((m for m in methods if m.startswith("fixed:")), key=lambda m: _success(rows, m).mean())
         gnn, ref = _success(rows, "gnn"), _success(rows, best)
         lo, hi = bootstrap_ci(list(gnn - ref))
-        per = [np.mean([float(r["success"]) for r in rows if r["method"] == "gnn" and r["family"] == f])
-               for f in ("arithmetic", "capital")]  # fmt: skip
+        per = [
+            np.mean([float(r["success"]) for r in rows if r["method"] == "gnn" and r["family"] == f])
+            for f in ("arithmetic", "capital")
+        ]
         scored = "all" if "retrieval" in methods else "gnn + single-operation fixed"
         corpus = [f"{_success(rows, m).mean():.3f}" if m in methods else "—" for m in ("retrieval", "majority")]
-        out.append(f"| {seed} | {scored} | {gnn.mean():.3f} | {per[0]:.2f} | {per[1]:.2f} | {' | '.join(corpus)} | "
-                   f"{ref.mean():.3f} (`{best.removeprefix('fixed:')}`) | "
-                   f"{gnn.mean() - ref.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] |")  # fmt: skip
+        out.append(
+            f"| {seed} | {scored} | {gnn.mean():.3f} | {per[0]:.2f} | {per[1]:.2f} | {' | '.join(corpus)} | "
+            f"{ref.mean():.3f} (`{best.removeprefix('fixed:')}`) | "
+            f"{gnn.mean() - ref.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] |"
+        )
     return "\n".join(out)
 
 

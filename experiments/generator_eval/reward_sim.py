@@ -51,12 +51,19 @@ def run(settings: Settings) -> dict[str, Any]:
         return synthetic_success(family[task], task, wf) - settings.node_cost * len(wf.nodes)
 
     rewards = train_generator(planner, [t.text for t in train], reward, settings)
-    picked = {f: Counter("+".join(n.role for n in planner.generate(t.text).nodes) for t in test if t.family == f)
-              for f in RIGHT}  # fmt: skip
+    picked = {
+        f: Counter("+".join(n.role for n in planner.generate(t.text).nodes) for t in test if t.family == f)
+        for f in RIGHT
+    }
     share = {f: sum(c for role, c in picked[f].items() if role in RIGHT[f]) / sum(picked[f].values()) for f in RIGHT}
-    return {"seed": settings.seed, "picked": {f: dict(c) for f, c in picked.items()}, "right_share": share,
-            "both_right": min(share.values()) >= 0.75, "reward_first": float(np.mean(rewards[:400])),
-            "reward_last": float(np.mean(rewards[-400:]))}  # fmt: skip
+    return {
+        "seed": settings.seed,
+        "picked": {f: dict(c) for f, c in picked.items()},
+        "right_share": share,
+        "both_right": min(share.values()) >= 0.75,
+        "reward_first": float(np.mean(rewards[:400])),
+        "reward_last": float(np.mean(rewards[-400:])),
+    }
 
 
 def main() -> None:
@@ -68,8 +75,11 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     base = Settings()
-    for field, value in (("steps", args.steps), ("tasks_per_step", args.tasks_per_step),
-                         ("skip_lr_scale", args.skip_lr_scale)):  # fmt: skip
+    for field, value in (
+        ("steps", args.steps),
+        ("tasks_per_step", args.tasks_per_step),
+        ("skip_lr_scale", args.skip_lr_scale),
+    ):
         if value is not None:
             base = dataclasses.replace(base, **{field: value})
     rows = []
@@ -77,8 +87,12 @@ def main() -> None:
         row = run(dataclasses.replace(base, seed=seed))
         rows.append(row)
         print(f"seed {seed}: {row['picked']} both right: {row['both_right']}", flush=True)
-    summary = {"settings": dataclasses.asdict(base), "seeds": rows,
-               "both_right": sum(r["both_right"] for r in rows), "of": len(rows)}  # fmt: skip
+    summary = {
+        "settings": dataclasses.asdict(base),
+        "seeds": rows,
+        "both_right": sum(r["both_right"] for r in rows),
+        "of": len(rows),
+    }
     if args.json:
         print(json.dumps(summary))
 

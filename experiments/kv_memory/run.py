@@ -104,8 +104,14 @@ def kl_and_agreement(ref_logits: torch.Tensor, logits: torch.Tensor) -> tuple[fl
 
 
 @torch.inference_mode()
-def teacher_forced(engine: Engine, prefix_kv: torch.Tensor, template_kv: torch.Tensor, template: list[int],
-                   generated: list[int], tail: int = 1) -> torch.Tensor:  # fmt: skip
+def teacher_forced(
+    engine: Engine,
+    prefix_kv: torch.Tensor,
+    template_kv: torch.Tensor,
+    template: list[int],
+    generated: list[int],
+    tail: int = 1,
+) -> torch.Tensor:
     """Logits predicting each generated token when the template's KV is given for all but its
     last ``tail`` tokens, which are recomputed exactly with the generated tokens but the last."""
     kv = torch.cat((prefix_kv, template_kv[:, :, :, : len(template) - tail].to(prefix_kv.dtype)), dim=3)
@@ -128,8 +134,17 @@ def unique_tokens(seqs: list[list[int]]) -> int:
     return n
 
 
-def run(model: str, n_tasks: int, decode: int, refs: int, min_count: int, codecs: tuple[ResidualCodec, ...],
-        max_task_tokens: int, recompute_tail: int = 1, say: Any = print) -> dict[str, Any]:  # fmt: skip
+def run(
+    model: str,
+    n_tasks: int,
+    decode: int,
+    refs: int,
+    min_count: int,
+    codecs: tuple[ResidualCodec, ...],
+    max_task_tokens: int,
+    recompute_tail: int = 1,
+    say: Any = print,
+) -> dict[str, Any]:
     engine = Engine.load(model)
     enc = engine.tokenizer.encode
     rope = engine.identity.rope
@@ -199,19 +214,38 @@ def run(model: str, n_tasks: int, decode: int, refs: int, min_count: int, codecs
                     for tail in (1, recompute_tail) if tail_too else (1,):
                         logits = teacher_forced(engine, prefix_kv, approx, tmpl, generated, tail)
                         agree, kl = kl_and_agreement(ref_logits, logits)
-                        rows.append({"workflow": w, "node": node.id, "path": str(key), "hot": key in hot,
-                                     "codec": label if tail == 1 else f"{label}, last {tail} recomputed",
-                                     "agreement": agree, "kl": kl, "offset": len(prefix),
-                                     "template_tokens": len(tmpl), "residual_bytes": res.encoded.nbytes if res else 0,
-                                     "dense_template_bytes": exact.numel() * exact.element_size()})  # fmt: skip
+                        rows.append(
+                            {
+                                "workflow": w,
+                                "node": node.id,
+                                "path": str(key),
+                                "hot": key in hot,
+                                "codec": label if tail == 1 else f"{label}, last {tail} recomputed",
+                                "agreement": agree,
+                                "kl": kl,
+                                "offset": len(prefix),
+                                "template_tokens": len(tmpl),
+                                "residual_bytes": res.encoded.nbytes if res else 0,
+                                "dense_template_bytes": exact.numel() * exact.element_size(),
+                            }
+                        )
             for store in (*stores.values(), *pruned.values()):
                 store.observe(key, exact, len(prefix))
         stateful.append(held)
         whole_tokens.append(unique_tokens([[*contexts[n.id], *outputs[n.id]] for n in gs.nodes]))
         say(f"workflow {w + 1}/{len(graphs)}: {len(gs.nodes)} nodes, {time.perf_counter() - start:.0f} s")
-    return {"rows": rows, "nodes": nodes, "stateful": stateful, "stores": stores, "pruned": pruned, "hot": hot,
-            "stats": stats, "whole_tokens": whole_tokens, "timing": timing,
-            "bpt": engine.kv_bytes_per_token()}  # fmt: skip
+    return {
+        "rows": rows,
+        "nodes": nodes,
+        "stateful": stateful,
+        "stores": stores,
+        "pruned": pruned,
+        "hot": hot,
+        "stats": stats,
+        "whole_tokens": whole_tokens,
+        "timing": timing,
+        "bpt": engine.kv_bytes_per_token(),
+    }
 
 
 def held_bytes(tensors: list[torch.Tensor]) -> int:
@@ -233,12 +267,19 @@ def summarize(r: dict[str, Any], target_sd: float = 0.2) -> dict[str, Any]:
             continue
         sd = statistics.median(x["residual_bytes"] / x["dense_template_bytes"] for x in sel)
         rebuild = r["timing"].get(f"reconstruct_s:{label}")
-        curve.append({"codec": variant, "store": label, "residual_to_dense": sd,
-                      "rebuild_s_median": statistics.median(rebuild) if rebuild else None,
-                      "agreement": statistics.fmean(x["agreement"] for x in sel),
-                      "kl": statistics.fmean(x["kl"] for x in sel), "scored": len(sel),
-                      "differential_bytes": sum(pruned[label].nbytes().values()),
-                      "differential_nopruning_bytes": sum(store.nbytes().values())})  # fmt: skip
+        curve.append(
+            {
+                "codec": variant,
+                "store": label,
+                "residual_to_dense": sd,
+                "rebuild_s_median": statistics.median(rebuild) if rebuild else None,
+                "agreement": statistics.fmean(x["agreement"] for x in sel),
+                "kl": statistics.fmean(x["kl"] for x in sel),
+                "scored": len(sel),
+                "differential_bytes": sum(pruned[label].nbytes().values()),
+                "differential_nopruning_bytes": sum(store.nbytes().values()),
+            }
+        )
     stateless = [x for x in by_codec.get("stateless", []) if x["hot"]]
     exact_rows = [x for x in by_codec.get("exact (stateful)", []) if x["hot"]]
     good = [c for c in curve if c["agreement"] >= 0.98]
@@ -262,8 +303,13 @@ def summarize(r: dict[str, Any], target_sd: float = 0.2) -> dict[str, Any]:
         ops = {k.op for k in keys}
         diff = sum(op_store.bases[o].nbytes for o in ops if o in op_store.bases)
         diff += sum(res.encoded.nbytes for k, res in op_store.residuals.items() if k in keys)
-        conc.append({"workflows": n, "stateful_bytes": sum(held_bytes(h) for h in r["stateful"][:n]),
-                     "differential_bytes": diff})  # fmt: skip
+        conc.append(
+            {
+                "workflows": n,
+                "stateful_bytes": sum(held_bytes(h) for h in r["stateful"][:n]),
+                "differential_bytes": diff,
+            }
+        )
     t = r["timing"]
     return {
         "workflows": len(r["stateful"]),
@@ -288,14 +334,14 @@ def summarize(r: dict[str, Any], target_sd: float = 0.2) -> dict[str, Any]:
             "agreement": sparse_pt["agreement"],
         }
         if sparse_pt
-        else None,  # fmt: skip
+        else None,
         "curve": curve,
         "whole_workflow": {
             "stateful_bytes": stateful_bytes + non_template * bpt,
             "differential_bytes": op["differential_bytes"] + non_template * bpt,
             "non_template_tokens": non_template,
             "kv_bytes_per_token": bpt,
-        },  # fmt: skip
+        },
         "concurrency": conc,
         "template_prefill_s_median": statistics.median(t["template_prefill_s"]),
         "reconstruct_s_median": statistics.median(rec) if (rec := t.get(f"reconstruct_s:{op['store']}")) else None,
@@ -317,8 +363,10 @@ def tables(s: dict[str, Any], settings: dict[str, Any]) -> str:
     for c in s["curve"]:
         diff, nopr = c["differential_bytes"] / mib, c["differential_nopruning_bytes"] / mib
         ms = f"{c['rebuild_s_median'] * 1e3:.1f}" if c.get("rebuild_s_median") is not None else ""
-        lines.append(f"| {c['codec']} | {c['residual_to_dense']:.3f} | {c['agreement']:.4f} | {c['kl']:.4f} "
-                     f"| {diff:.2f} | {nopr:.2f} | {ms} |")  # fmt: skip
+        lines.append(
+            f"| {c['codec']} | {c['residual_to_dense']:.3f} | {c['agreement']:.4f} | {c['kl']:.4f} "
+            f"| {diff:.2f} | {nopr:.2f} | {ms} |"
+        )
     lines += [
         "",
         "| store | template KV MiB | whole-workflow KV MiB | agreement | mean KL |",
@@ -337,14 +385,18 @@ def tables(s: dict[str, Any], settings: dict[str, Any]) -> str:
     ]
     for c in s["concurrency"]:
         ratio = c["differential_bytes"] / c["stateful_bytes"]
-        lines.append(f"| {c['workflows']} | {c['stateful_bytes'] / mib:.2f} | {c['differential_bytes'] / mib:.2f} "
-                     f"| {ratio:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {c['workflows']} | {c['stateful_bytes'] / mib:.2f} | {c['differential_bytes'] / mib:.2f} "
+            f"| {ratio:.3f} |"
+        )
     rec = s["reconstruct_s_median"]
-    lines.append(f"\nTemplate prefill (after its prefix) median {s['template_prefill_s_median'] * 1e3:.1f} ms; "
-                 f"rebuild at the operating point ({s['operating_codec']}: base + residual, re-rotated, and its "
-                 f"recomputed head if any) median {rec * 1e3 if rec else float('nan'):.1f} ms; same run. "
-                 "`rebuild ms` above: per codec (the \"last 4 recomputed\" rows add that recompute when scoring, "
-                 "not in this column).")  # fmt: skip
+    lines.append(
+        f"\nTemplate prefill (after its prefix) median {s['template_prefill_s_median'] * 1e3:.1f} ms; "
+        f"rebuild at the operating point ({s['operating_codec']}: base + residual, re-rotated, and its "
+        f"recomputed head if any) median {rec * 1e3 if rec else float('nan'):.1f} ms; same run. "
+        '`rebuild ms` above: per codec (the "last 4 recomputed" rows add that recompute when scoring, '
+        "not in this column)."
+    )
     return "\n".join(lines)
 
 

@@ -16,8 +16,15 @@ HERE = Path(__file__).parent
 
 
 def plot(rows: list[dict[str, str]], png: Path) -> None:
-    plot_by_system(rows, "agents", "makespan_s", png, xlabel="agents sharing the root context",
-                   ylabel="time until every agent's tokens (s)", ideal=True)  # fmt: skip
+    plot_by_system(
+        rows,
+        "agents",
+        "makespan_s",
+        png,
+        xlabel="agents sharing the root context",
+        ylabel="time until every agent's tokens (s)",
+        ideal=True,
+    )
 
 
 if __name__ == "__main__":

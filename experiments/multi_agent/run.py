@@ -20,8 +20,10 @@ from experiments.agents_job import SYSTEM_LABELS, Study, by_system, same_tokens,
 from experiments.multi_agent.plot import plot
 
 HERE = Path(__file__).parent
-PUBLISHED = ("AAFLOW+ reports multi-agent runs 7.63× faster than its baselines at 16 agents (published, modeled "
-             "in their code, decode charged once for their system and once per branch for the baselines)")  # fmt: skip
+PUBLISHED = (
+    "AAFLOW+ reports multi-agent runs 7.63× faster than its baselines at 16 agents (published, modeled "
+    "in their code, decode charged once for their system and once per branch for the baselines)"
+)
 
 
 def summarize(rows: list[dict[str, Any]], trials: list[dict[str, Any]]) -> dict[str, Any]:
@@ -46,25 +48,40 @@ def summarize(rows: list[dict[str, Any]], trials: list[dict[str, Any]]) -> dict[
 def table(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
     systems = [s for s in SYSTEM_LABELS if any(r["system"] == s for r in rows)]
     head = " | ".join(f"{SYSTEM_LABELS[s]} s" for s in systems)
-    lines = [f"| k | {head} | ideal s | efficiency (ideal ÷ ours) | best local ÷ ours | text ÷ ours | dense ÷ ours |",
-             "|---" * (len(systems) + 6) + "|"]  # fmt: skip
+    lines = [
+        f"| k | {head} | ideal s | efficiency (ideal ÷ ours) | best local ÷ ours | text ÷ ours | dense ÷ ours |",
+        "|---" * (len(systems) + 6) + "|",
+    ]
     for k, sys in sorted(by_system(rows, "agents").items()):
         ours = float(sys["ours"]["makespan_s"])
         best_local = min(float(sys[s]["makespan_s"]) for s in ("local", "local_holder") if s in sys)
         cells = " | ".join(f"{float(sys[s]['makespan_s']):.2f}" if s in sys else "" for s in systems)
-        lines.append(f"| {k} | {cells} | {float(sys['ours']['ideal_s']):.2f} | "
-                     f"{float(sys['ours']['ideal_s']) / ours:.3f} | {best_local / ours:.2f} | "
-                     f"{float(sys['text']['makespan_s']) / ours:.2f} "
-                     f"| {float(sys['dense']['makespan_s']) / ours:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {k} | {cells} | {float(sys['ours']['ideal_s']):.2f} | "
+            f"{float(sys['ours']['ideal_s']) / ours:.3f} | {best_local / ours:.2f} | "
+            f"{float(sys['text']['makespan_s']) / ours:.2f} "
+            f"| {float(sys['dense']['makespan_s']) / ours:.2f} |"
+        )
     prefill = ", ".join(f"{n} tokens {float(s):.2f} s" for n, s in meta.get("root_prefill_s", {}).items())
-    lines.append(f"\nModel {meta.get('model')}, {meta.get('threads')} thread per replica; the root's prefill on A "
-                 f"(done upstream, not in any row): {prefill}. {PUBLISHED}.")  # fmt: skip
+    lines.append(
+        f"\nModel {meta.get('model')}, {meta.get('threads')} thread per replica; the root's prefill on A "
+        f"(done upstream, not in any row): {prefill}. {PUBLISHED}."
+    )
     return "\n".join(lines)
 
 
-STUDY = Study(folder=HERE, name="multi_agent", counts="agents", counts_default="1,2,4,8,16", root_default=4096,
-              quick=(512, "1,2,4", 32, 8), workloads=lambda ks: [(1, k) for k in ks], summarize=summarize,
-              table=table, plot=plot)  # fmt: skip
+STUDY = Study(
+    folder=HERE,
+    name="multi_agent",
+    counts="agents",
+    counts_default="1,2,4,8,16",
+    root_default=4096,
+    quick=(512, "1,2,4", 32, 8),
+    workloads=lambda ks: [(1, k) for k in ks],
+    summarize=summarize,
+    table=table,
+    plot=plot,
+)
 
 if __name__ == "__main__":
     study_main(STUDY, __doc__)

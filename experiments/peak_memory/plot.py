@@ -23,8 +23,10 @@ def plot(rows: list[dict[str, str]], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, title in ((axes[0], "stored_bytes", "KV kept (BlockStore bytes)"),
-                           (axes[1], "rss_growth_bytes", "process RSS growth")):  # fmt: skip
+    for ax, key, title in (
+        (axes[0], "stored_bytes", "KV kept (BlockStore bytes)"),
+        (axes[1], "rss_growth_bytes", "process RSS growth"),
+    ):
         for s in SYSTEM_LABELS:
             sel = sorted((int(r["agents"]), int(r[key]) / MIB) for r in rows if r["system"] == s)
             if sel:

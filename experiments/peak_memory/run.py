@@ -46,13 +46,20 @@ def memory_rows(rows: list[dict[str, Any]], root_bytes: int) -> list[dict[str, A
     for r in rows:
         k, stored, shared = int(r["agents"]), float(r["stored_bytes"]), float(r["shared_bytes"])
         replicas = 1 if r["system"] == "local_holder" or k == 1 else 2
-        out.append({
-            "agents": k, "system": r["system"], "stored_bytes": int(stored), "shared_bytes": int(shared),
-            "private_bytes": int(stored - shared), "working_bytes": int(float(r["working_bytes"])),
-            "rss_growth_bytes": int(float(r["rss_growth_bytes"])), "rss_peak_bytes": int(float(r["rss_peak_bytes"])),
-            "stored_over_dense": stored / dense[k] if k in dense else "",
-            "roots_held_once": "" if r["system"] in ("dense", "text") else shared == replicas * root_bytes,
-        })  # fmt: skip
+        out.append(
+            {
+                "agents": k,
+                "system": r["system"],
+                "stored_bytes": int(stored),
+                "shared_bytes": int(shared),
+                "private_bytes": int(stored - shared),
+                "working_bytes": int(float(r["working_bytes"])),
+                "rss_growth_bytes": int(float(r["rss_growth_bytes"])),
+                "rss_peak_bytes": int(float(r["rss_peak_bytes"])),
+                "stored_over_dense": stored / dense[k] if k in dense else "",
+                "roots_held_once": "" if r["system"] in ("dense", "text") else shared == replicas * root_bytes,
+            }
+        )
     return out
 
 
@@ -61,26 +68,33 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     dense = {int(r["agents"]): r for r in rows if r["system"] == "dense"}
     top = max(ours)
     return {
-        "peak_memory_ratio_vs_dense_k16": (float(ours[16]["stored_bytes"]) / float(dense[16]["stored_bytes"])
-                                           if 16 in ours and 16 in dense else None),  # fmt: skip
+        "peak_memory_ratio_vs_dense_k16": (
+            float(ours[16]["stored_bytes"]) / float(dense[16]["stored_bytes"]) if 16 in ours and 16 in dense else None
+        ),
         "largest_k": top,
         "stored_ratio_vs_dense": float(ours[top]["stored_bytes"]) / float(dense[top]["stored_bytes"]),
-        "rss_growth_ratio_vs_dense": (float(ours[top]["rss_growth_bytes"])
-                                      / max(1.0, float(dense[top]["rss_growth_bytes"]))),
+        "rss_growth_ratio_vs_dense": (
+            float(ours[top]["rss_growth_bytes"]) / max(1.0, float(dense[top]["rss_growth_bytes"]))
+        ),
         "working_ratio_vs_dense": float(ours[top]["working_bytes"]) / float(dense[top]["working_bytes"]),
         "ours_roots_held_once": all(str(r["roots_held_once"]) == "True" for r in ours.values()),
-    }  # fmt: skip
+    }
 
 
 def table(rows: list[dict[str, str]]) -> str:
-    lines = ["| k | system | stored KV MiB | of it root MiB | private MiB | stored ÷ dense | working cache MiB "
-             "| RSS growth MiB | root held once per replica |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| k | system | stored KV MiB | of it root MiB | private MiB | stored ÷ dense | working cache MiB "
+        "| RSS growth MiB | root held once per replica |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(rows, key=lambda r: (int(r["agents"]), list(SYSTEM_LABELS).index(r["system"]))):
         ratio = f"{float(r['stored_over_dense']):.3f}" if r["stored_over_dense"] else ""
-        lines.append(f"| {r['agents']} | {SYSTEM_LABELS[r['system']]} | {int(r['stored_bytes']) / MIB:.1f} "
-                     f"| {int(r['shared_bytes']) / MIB:.1f} | {int(r['private_bytes']) / MIB:.1f} | {ratio} "
-                     f"| {int(r['working_bytes']) / MIB:.1f} | {int(r['rss_growth_bytes']) / MIB:.1f} "
-                     f"| {r['roots_held_once']} |")  # fmt: skip
+        lines.append(
+            f"| {r['agents']} | {SYSTEM_LABELS[r['system']]} | {int(r['stored_bytes']) / MIB:.1f} "
+            f"| {int(r['shared_bytes']) / MIB:.1f} | {int(r['private_bytes']) / MIB:.1f} | {ratio} "
+            f"| {int(r['working_bytes']) / MIB:.1f} | {int(r['rss_growth_bytes']) / MIB:.1f} "
+            f"| {r['roots_held_once']} |"
+        )
     lines.append(f"\n{PUBLISHED}.")
     return "\n".join(lines)
 
@@ -114,11 +128,18 @@ def main() -> None:
         ks = [int(k) for k in args.agents.split(",")]
         if min(ks) < 1 or min(args.root_tokens, args.suffix, args.decode) < 1:
             raise SystemExit("--agents, --root-tokens, --suffix and --decode must all be at least 1")
-        trials, job = run_agents(args.model, args.root_tokens, [(1, k) for k in ks], suffix=args.suffix,
-                                 decode=args.decode, repeats=1)  # fmt: skip
+        trials, job = run_agents(
+            args.model, args.root_tokens, [(1, k) for k in ks], suffix=args.suffix, decode=args.decode, repeats=1
+        )
         source = "this run"
-        settings = {"model": args.model, "root_tokens": args.root_tokens, "agents": ks, "suffix": args.suffix,
-                    "decode": args.decode, "quick": args.quick}  # fmt: skip
+        settings = {
+            "model": args.model,
+            "root_tokens": args.root_tokens,
+            "agents": ks,
+            "suffix": args.suffix,
+            "decode": args.decode,
+            "quick": args.quick,
+        }
     rows = memory_rows(reduce(trials), int(job["root_bytes"]))
     write_csv(results / "peak_memory.csv", rows)
     write_meta(

@@ -22,9 +22,14 @@ def by_eps(rows: list[dict[str, str]]) -> list[dict[str, object]]:
     for rerot in ("True", "False"):
         for eps in sorted({float(r["eps_rel"]) for r in rows}):
             sel = [r for r in rows if r["rerotated"] == rerot and float(r["eps_rel"]) == eps]
-            out.append({"eps_rel": eps, "rerotated": rerot == "True",
-                        "k_near_zero": float(np.mean([float(r["k_near_zero"]) for r in sel])),
-                        "v_near_zero": float(np.mean([float(r["v_near_zero"]) for r in sel]))})  # fmt: skip
+            out.append(
+                {
+                    "eps_rel": eps,
+                    "rerotated": rerot == "True",
+                    "k_near_zero": float(np.mean([float(r["k_near_zero"]) for r in sel])),
+                    "v_near_zero": float(np.mean([float(r["v_near_zero"]) for r in sel])),
+                }
+            )
     return out
 
 

@@ -44,9 +44,20 @@ def measure(model: str, n_tasks: int) -> list[dict[str, object]]:
                 for eps in EPS:
                     k, v = near_zero_fractions(delta, exact, eps)
                     for layer, (kf, vf) in enumerate(zip(k, v, strict=True)):
-                        rows.append({"benchmark": task.benchmark, "task": task.index, "op": op, "eps_rel": eps,
-                                     "rerotated": rerotated, "layer": layer, "k_near_zero": kf, "v_near_zero": vf,
-                                     "prefix_tokens": len(prefix), "template_tokens": len(tmpl)})  # fmt: skip
+                        rows.append(
+                            {
+                                "benchmark": task.benchmark,
+                                "task": task.index,
+                                "op": op,
+                                "eps_rel": eps,
+                                "rerotated": rerotated,
+                                "layer": layer,
+                                "k_near_zero": kf,
+                                "v_near_zero": vf,
+                                "prefix_tokens": len(prefix),
+                                "template_tokens": len(tmpl),
+                            }
+                        )
     return rows
 
 
@@ -56,8 +67,11 @@ def summarize(path: Path) -> list[dict[str, object]]:
 
 def table(summary: list[dict[str, object]], path: Path) -> str:
     n = len({(r["benchmark"], r["task"], r["op"]) for r in read_csv(path)})
-    lines = [f"{n} (task, operation) pairs, all layers averaged.\n",
-             "| ε (× mean abs) | re-rotated | K near zero | V near zero |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"{n} (task, operation) pairs, all layers averaged.\n",
+        "| ε (× mean abs) | re-rotated | K near zero | V near zero |",
+        "|---|---|---|---|",
+    ]
     for s in summary:
         rot = "yes" if s["rerotated"] else "no"
         lines.append(f"| {s['eps_rel']} | {rot} | {s['k_near_zero']:.3f} | {s['v_near_zero']:.3f} |")

@@ -16,8 +16,9 @@ HERE = Path(__file__).parent
 
 
 def plot(rows: list[dict[str, str]], png: Path) -> None:
-    plot_by_system(rows, "roots", "tokens_per_s", png, xlabel="concurrent workflows",
-                   ylabel="generated tokens per second")  # fmt: skip
+    plot_by_system(
+        rows, "roots", "tokens_per_s", png, xlabel="concurrent workflows", ylabel="generated tokens per second"
+    )
 
 
 if __name__ == "__main__":

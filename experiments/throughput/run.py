@@ -39,21 +39,34 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def table(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
     systems = [s for s in SYSTEM_LABELS if any(r["system"] == s for r in rows)]
     head = " | ".join(f"{SYSTEM_LABELS[s]} tok/s" for s in systems)
-    lines = [f"| workflows | agents | {head} | ours ÷ dense | ours ÷ text | ours ÷ best local |",
-             "|---" * (len(systems) + 5) + "|"]  # fmt: skip
+    lines = [
+        f"| workflows | agents | {head} | ours ÷ dense | ours ÷ text | ours ÷ best local |",
+        "|---" * (len(systems) + 5) + "|",
+    ]
     for n, sys in sorted(by_system(rows, "roots").items()):
         ours = float(sys["ours"]["tokens_per_s"])
         best_local = max(float(sys[s]["tokens_per_s"]) for s in ("local", "local_holder"))
         cells = " | ".join(f"{float(sys[s]['tokens_per_s']):.1f}" for s in systems)
-        lines.append(f"| {n} | {sys['ours']['agents']} | {cells} | {ours / float(sys['dense']['tokens_per_s']):.2f} "
-                     f"| {ours / float(sys['text']['tokens_per_s']):.2f} | {ours / best_local:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {n} | {sys['ours']['agents']} | {cells} | {ours / float(sys['dense']['tokens_per_s']):.2f} "
+            f"| {ours / float(sys['text']['tokens_per_s']):.2f} | {ours / best_local:.2f} |"
+        )
     lines.append(f"\nModel {meta.get('model')}, {meta.get('threads')} thread per replica. {PUBLISHED}.")
     return "\n".join(lines)
 
 
-STUDY = Study(folder=HERE, name="throughput", counts="workflows", counts_default="1,4,16", root_default=1024,
-              quick=(256, "1,4", 32, 8), workloads=lambda ns: [(n, 2) for n in ns],
-              summarize=lambda rows, _trials: summarize(rows), table=table, plot=plot)  # fmt: skip
+STUDY = Study(
+    folder=HERE,
+    name="throughput",
+    counts="workflows",
+    counts_default="1,4,16",
+    root_default=1024,
+    quick=(256, "1,4", 32, 8),
+    workloads=lambda ns: [(n, 2) for n in ns],
+    summarize=lambda rows, _trials: summarize(rows),
+    table=table,
+    plot=plot,
+)
 
 if __name__ == "__main__":
     study_main(STUDY, __doc__)

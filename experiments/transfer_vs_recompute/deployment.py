@@ -31,8 +31,9 @@ MODEL = "smollm2-135m"
 
 
 def _graphflow(*args: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "graphflow.cli", *args, "--json"], capture_output=True, text=True,
-                          timeout=1800)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "graphflow.cli", *args, "--json"], capture_output=True, text=True, timeout=1800
+    )
     if proc.returncode != 0:
         raise SystemExit(f"graphflow {' '.join(args)} failed: {proc.stderr.strip()[-600:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -40,8 +41,10 @@ def _graphflow(*args: str) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, str]], summary: dict[str, Any]) -> str:
-    head = (f"{len(rows)} points, decision accuracy {summary['decision_accuracy']:.2f}, median relative error "
-            f"{summary['median_rel_error']:.2f}, regret {summary['regret']:.3f}\n")  # fmt: skip
+    head = (
+        f"{len(rows)} points, decision accuracy {summary['decision_accuracy']:.2f}, median relative error "
+        f"{summary['median_rel_error']:.2f}, regret {summary['regret']:.3f}\n"
+    )
     lines = [
         head,
         "| pair (configured link) | measured Gbit/s | context | recompute s | transfer s "
@@ -49,10 +52,12 @@ def table(rows: list[dict[str, str]], summary: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['link']} ({r['configured']}) | {float(r['link_gbps_fitted']):.2f} | {r['context']} "
-                     f"| {float(r['measured_recompute_s']):.3f} | {float(r['measured_transfer_s']):.3f} "
-                     f"| {float(r['predicted_recompute_s']):.3f} | {float(r['predicted_transfer_s']):.3f} "
-                     f"| {r['decision']} | {r['oracle']} |")  # fmt: skip
+        lines.append(
+            f"| {r['link']} ({r['configured']}) | {float(r['link_gbps_fitted']):.2f} | {r['context']} "
+            f"| {float(r['measured_recompute_s']):.3f} | {float(r['measured_transfer_s']):.3f} "
+            f"| {float(r['predicted_recompute_s']):.3f} | {float(r['predicted_transfer_s']):.3f} "
+            f"| {r['decision']} | {r['oracle']} |"
+        )
     return "\n".join(lines)
 
 
@@ -70,10 +75,22 @@ def main() -> None:
     spec = ClusterSpec(3, default, pairs)
     cluster = cluster_up(spec, say=lambda m: print(m, file=sys.stderr))
     try:
-        _graphflow("serve", "--address", cluster.client_address, "--model", MODEL, "--replicas", "3", "--spread",
-                   "--capacity-mib", "1024", "--detach")  # fmt: skip
-        result = run_deployment_sweep(cluster.client_address, MODEL, contexts, "", out, args.repeats,
-                                      say=lambda m: print(m, file=sys.stderr))  # fmt: skip
+        _graphflow(
+            "serve",
+            "--address",
+            cluster.client_address,
+            "--model",
+            MODEL,
+            "--replicas",
+            "3",
+            "--spread",
+            "--capacity-mib",
+            "1024",
+            "--detach",
+        )
+        result = run_deployment_sweep(
+            cluster.client_address, MODEL, contexts, "", out, args.repeats, say=lambda m: print(m, file=sys.stderr)
+        )
         _graphflow("shutdown", "--address", cluster.client_address, "--no-stop-head")
     finally:
         shutdown()  # this process's Ray client, before its cluster goes

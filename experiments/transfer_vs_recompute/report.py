@@ -21,10 +21,14 @@ def table() -> str:
         rows = read_csv(csv_path)
         right = sum(r["right"] == "True" for r in rows) / len(rows)
         err = statistics.median(abs(float(r["rel_error"])) for r in rows)
-        lines.append(f"\n**{rows[0]['model']}** — {len(rows)} points, decision accuracy {right:.2f}, "
-                     f"median relative error {err:.2f} (`{csv_path.relative_to(HERE)}`)\n")  # fmt: skip
-        lines.append("| link (configured) | fitted Gbit/s | context | recompute s | transfer+resume s | "
-                     "predicted recompute s | predicted transfer s | decision | oracle |")  # fmt: skip
+        lines.append(
+            f"\n**{rows[0]['model']}** — {len(rows)} points, decision accuracy {right:.2f}, "
+            f"median relative error {err:.2f} (`{csv_path.relative_to(HERE)}`)\n"
+        )
+        lines.append(
+            "| link (configured) | fitted Gbit/s | context | recompute s | transfer+resume s | "
+            "predicted recompute s | predicted transfer s | decision | oracle |"
+        )
         lines.append("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             lines.append(
@@ -43,9 +47,12 @@ def modeled() -> str:
     """**Modeled**, not measured: transfer = bytes × 8 ÷ link rate + the resume (cache rebuild)
     measured on loopback; recompute = the prefill curve fitted from this run's calibration. The
     break-even rate is the link rate at which the two are equal."""
-    lines = ["| model | context | KV MB | recompute s (fitted) | "
-             + " | ".join(f"transfer s @ {g} Gbit/s" for g in MODELED_GBPS) + " | break-even Gbit/s |",
-             "|---" * (len(MODELED_GBPS) + 5) + "|"]  # fmt: skip
+    lines = [
+        "| model | context | KV MB | recompute s (fitted) | "
+        + " | ".join(f"transfer s @ {g} Gbit/s" for g in MODELED_GBPS)
+        + " | break-even Gbit/s |",
+        "|---" * (len(MODELED_GBPS) + 5) + "|",
+    ]
     for csv_path in sorted((HERE / "results").glob("*/sweep.csv")):
         if csv_path.parent.name == "deployment":
             continue
@@ -56,8 +63,9 @@ def modeled() -> str:
             recompute = float(r["predicted_recompute_s"])
             cells = " | ".join(f"{nbytes * 8 / (g * 1e9) + resume:.3f}" for g in MODELED_GBPS)
             even = nbytes * 8 / (recompute - resume) / 1e9 if recompute > resume else float("inf")
-            lines.append(f"| {r['model']} | {r['context']} | {nbytes / 1e6:.1f} | {recompute:.3f} | {cells} "
-                         f"| {even:.2f} |")  # fmt: skip
+            lines.append(
+                f"| {r['model']} | {r['context']} | {nbytes / 1e6:.1f} | {recompute:.3f} | {cells} | {even:.2f} |"
+            )
     return "\n".join(lines)
 
 

@@ -40,8 +40,22 @@ PUBLISHED = "AAFLOW+ reports TTFT up to 50.2× faster than dense prefill (publis
 
 
 def measure(model: str, contexts: list[int], suffix: int, repeats: int, threads: int = 0) -> list[dict[str, Any]]:
-    job = ["--job", "ttft", "--model", model, "--contexts", ",".join(map(str, contexts)), "--suffix", str(suffix),
-           "--repeats", str(repeats), "--timeout", "1200", "--threads", str(threads)]  # fmt: skip
+    job = [
+        "--job",
+        "ttft",
+        "--model",
+        model,
+        "--contexts",
+        ",".join(map(str, contexts)),
+        "--suffix",
+        str(suffix),
+        "--repeats",
+        str(repeats),
+        "--timeout",
+        "1200",
+        "--threads",
+        str(threads),
+    ]
     holder, got = run_two_processes("ucx", job, timeout_s=7200)
     bw = holder["transport_rows"][0]["raw_gbps"] * 1e9  # plain UCX messages, measured in this run
     if got["skipped_contexts"]:
@@ -56,9 +70,14 @@ def derive(r: dict[str, Any]) -> dict[str, Any]:
     checksums, cache rebuild, Python)."""
     f = {k: float(v) for k, v in r.items() if k.endswith("_s") or k in ("nbytes", "raw_bandwidth_bytes_per_s")}
     bound = f["forward_s"] + f["nbytes"] / f["raw_bandwidth_bytes_per_s"]
-    return {**{k: v for k, v in r.items() if k not in ("omega_s",)}, "bound_s": bound, "omega_s": f["ours_s"] - bound,
-            "ours_over_bound": f["ours_s"] / bound, "dense_over_ours": f["dense_s"] / f["ours_s"],
-            "text_over_ours": f["text_s"] / f["ours_s"]}  # fmt: skip
+    return {
+        **{k: v for k, v in r.items() if k not in ("omega_s",)},
+        "bound_s": bound,
+        "omega_s": f["ours_s"] - bound,
+        "ours_over_bound": f["ours_s"] / bound,
+        "dense_over_ours": f["dense_s"] / f["ours_s"],
+        "text_over_ours": f["text_s"] / f["ours_s"],
+    }
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -81,16 +100,24 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, str]]) -> str:
-    lines = ["| model | context | dense s | text replay s | local reuse s | ours s | bound s | ours ÷ bound "
-             "| dense ÷ ours | Ω ms |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| model | context | dense s | text replay s | local reuse s | ours s | bound s | ours ÷ bound "
+        "| dense ÷ ours | Ω ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['context']} | {float(r['dense_s']):.3f} | {float(r['text_s']):.3f} "
-                     f"| {float(r['local_s']):.3f} | {float(r['ours_s']):.3f} | {float(r['bound_s']):.3f} "
-                     f"| {float(r['ours_over_bound']):.2f} | {float(r['dense_over_ours']):.1f} "
-                     f"| {float(r['omega_s']) * 1e3:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {r['model']} | {r['context']} | {float(r['dense_s']):.3f} | {float(r['text_s']):.3f} "
+            f"| {float(r['local_s']):.3f} | {float(r['ours_s']):.3f} | {float(r['bound_s']):.3f} "
+            f"| {float(r['ours_over_bound']):.2f} | {float(r['dense_over_ours']):.1f} "
+            f"| {float(r['omega_s']) * 1e3:.2f} |"
+        )
     bw = {r["model"]: float(r["raw_bandwidth_bytes_per_s"]) / 1e9 for r in rows}
-    lines.append("\nRaw UCX bandwidth (one plain 64 MiB message, measured in the same run; GB/s): "
-                 + ", ".join(f"{m} {v:.2f}" for m, v in bw.items()) + f". {PUBLISHED}.")  # fmt: skip
+    lines.append(
+        "\nRaw UCX bandwidth (one plain 64 MiB message, measured in the same run; GB/s): "
+        + ", ".join(f"{m} {v:.2f}" for m, v in bw.items())
+        + f". {PUBLISHED}."
+    )
     return "\n".join(lines)
 
 
@@ -157,36 +184,69 @@ def _served(args: argparse.Namespace) -> None:
     rows = [served_row(model, s, scripted[s["context"]]) for s in served["rows"]]
     out = output_dir(HERE, args.quick, "served")
     write_csv(out / "served.csv", rows)
-    write_meta(out, model=model, contexts=contexts, suffix=suffix, repeats=repeats, threads=threads,
-               replica_threads=served["threads"], prefaulted_bytes=served["prefaulted_bytes"],
-               transport=served["transport"], capacity_mib=args.capacity_mib,
-               link_bandwidth_bytes_per_s=served["link_bandwidth_bytes_per_s"])  # fmt: skip
+    write_meta(
+        out,
+        model=model,
+        contexts=contexts,
+        suffix=suffix,
+        repeats=repeats,
+        threads=threads,
+        replica_threads=served["threads"],
+        prefaulted_bytes=served["prefaulted_bytes"],
+        transport=served["transport"],
+        capacity_mib=args.capacity_mib,
+        link_bandwidth_bytes_per_s=served["link_bandwidth_bytes_per_s"],
+    )
     if not args.quick:
         replace_section(HERE / "README.md", "served", served_table(rows))
-    summary = {"served_over_scripted_max": max(r["served_over_scripted"] for r in rows),
-               "rows": [{k: r[k] for k in ("context", "decision", "served_s", "ours_s", "served_over_scripted",
-                                             "served_dense_over_served")} for r in rows]}  # fmt: skip
+    summary = {
+        "served_over_scripted_max": max(r["served_over_scripted"] for r in rows),
+        "rows": [
+            {
+                k: r[k]
+                for k in (
+                    "context",
+                    "decision",
+                    "served_s",
+                    "ours_s",
+                    "served_over_scripted",
+                    "served_dense_over_served",
+                )
+            }
+            for r in rows
+        ],
+    }
     print(json.dumps(summary) if args.json else served_table(rows))
 
 
 def served_row(model: str, served: dict[str, Any], scripted: dict[str, Any]) -> dict[str, Any]:
     """One context: the served timings beside the scripted pair's, and their ratios."""
     ours = float(scripted["ours_s"])
-    return {"model": model, **served, "ours_s": ours, "local_s": float(scripted["local_s"]),
-            "dense_s": float(scripted["dense_s"]), "served_over_scripted": served["served_s"] / ours,
-            "served_replica_over_scripted": served["served_replica_s"] / ours,
-            "served_dense_over_served": served["served_dense_s"] / served["served_s"]}  # fmt: skip
+    return {
+        "model": model,
+        **served,
+        "ours_s": ours,
+        "local_s": float(scripted["local_s"]),
+        "dense_s": float(scripted["dense_s"]),
+        "served_over_scripted": served["served_s"] / ours,
+        "served_replica_over_scripted": served["served_replica_s"] / ours,
+        "served_dense_over_served": served["served_dense_s"] / served["served_s"],
+    }
 
 
 def served_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | context | decision | served s | replica-side s | decide ms | scripted ours s "
-             "| served ÷ scripted | served dense s | served dense ÷ served |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| model | context | decision | served s | replica-side s | decide ms | scripted ours s "
+        "| served ÷ scripted | served dense s | served dense ÷ served |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['context']} | {r['decision']} | {float(r['served_s']):.3f} "
-                     f"| {float(r['served_replica_s']):.3f} | {float(r['served_decide_s']) * 1e3:.1f} "
-                     f"| {float(r['ours_s']):.3f} | {float(r['served_over_scripted']):.2f} "
-                     f"| {float(r['served_dense_s']):.3f} | {float(r['served_dense_over_served']):.1f} |")  # fmt: skip
+        lines.append(
+            f"| {r['model']} | {r['context']} | {r['decision']} | {float(r['served_s']):.3f} "
+            f"| {float(r['served_replica_s']):.3f} | {float(r['served_decide_s']) * 1e3:.1f} "
+            f"| {float(r['ours_s']):.3f} | {float(r['served_over_scripted']):.2f} "
+            f"| {float(r['served_dense_s']):.3f} | {float(r['served_dense_over_served']):.1f} |"
+        )
     return "\n".join(lines)
 
 

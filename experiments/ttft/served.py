@@ -29,15 +29,26 @@ HOLDER, AGENT = "graphflow-replica-0", "graphflow-replica-1"
 
 def served_rows(model: str, contexts: list[int], repeats: int, threads: int, capacity_mib: int) -> dict[str, Any]:
     """Median served TTFTs per context (after one warm-up), and what the deployment was."""
-    client = connect(None, model=model, replicas=2, decode_steps=1, threads=threads, capacity_mib=capacity_mib,
-                     prefault_mib=capacity_mib)  # fmt: skip
+    client = connect(
+        None,
+        model=model,
+        replicas=2,
+        decode_steps=1,
+        threads=threads,
+        capacity_mib=capacity_mib,
+        prefault_mib=capacity_mib,
+    )
     try:
         agent = PinnedAgent(client)
         stats = {s["replica"]: s for s in client.status()}
         rows = []
         for n in contexts:
-            parts: dict[str, list[float]] = {"served": [], "served_replica": [], "served_decide": [],
-                                             "served_dense": []}  # fmt: skip
+            parts: dict[str, list[float]] = {
+                "served": [],
+                "served_replica": [],
+                "served_decide": [],
+                "served_dense": [],
+            }
             decisions, moved, same = set(), set(), []
             for r in range(repeats + 1):
                 on, off = agent.run(n, AGENT, holder=HOLDER), agent.run(n, AGENT)
@@ -49,9 +60,16 @@ def served_rows(model: str, contexts: list[int], repeats: int, threads: int, cap
                     parts["served_replica"].append(on.trace.ttft_s)
                     parts["served_decide"].append(on.trace.decide_s)
                     parts["served_dense"].append(off.trace.first_token_s)
-            rows.append({"context": n, "suffix": on.trace.context_tokens - n, "decision": "+".join(sorted(decisions)),
-                         "served_bytes": max(moved), "served_same_first_token": all(same),
-                         **{f"{k}_s": statistics.median(v) for k, v in parts.items()}})  # fmt: skip
+            rows.append(
+                {
+                    "context": n,
+                    "suffix": on.trace.context_tokens - n,
+                    "decision": "+".join(sorted(decisions)),
+                    "served_bytes": max(moved),
+                    "served_same_first_token": all(same),
+                    **{f"{k}_s": statistics.median(v) for k, v in parts.items()},
+                }
+            )
         return {
             "rows": rows,
             "threads": {r: s["threads"] for r, s in stats.items()},

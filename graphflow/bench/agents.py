@@ -85,10 +85,18 @@ class _Side:
     rss_peak: int = 0
 
     def report(self) -> dict[str, Any]:
-        return {"agents": self.agents, "start": self.start, "end": self.end, "parts": self.parts,
-                "tokens": self.tokens, "stored_bytes": self.stored_bytes, "shared_bytes": self.shared_bytes,
-                "working_bytes": self.working_bytes,
-                "rss_start": self.rss_start, "rss_peak": self.rss_peak}  # fmt: skip
+        return {
+            "agents": self.agents,
+            "start": self.start,
+            "end": self.end,
+            "parts": self.parts,
+            "tokens": self.tokens,
+            "stored_bytes": self.stored_bytes,
+            "shared_bytes": self.shared_bytes,
+            "working_bytes": self.working_bytes,
+            "rss_start": self.rss_start,
+            "rss_peak": self.rss_peak,
+        }
 
 
 class _Workload:
@@ -124,11 +132,18 @@ def agents_side(t: MessageTransport, role: int, peer: str, plan: AgentsPlan) -> 
     engine = Engine.load(plan.model)
     limit = int(getattr(engine.config, "max_position_embeddings", 0) or 0)
     if limit and plan.root_tokens + plan.suffix_tokens + plan.decode_tokens > limit:
-        raise ValueError(f"{plan.root_tokens} root + {plan.suffix_tokens} suffix + {plan.decode_tokens} decoded "
-                         f"tokens exceed {plan.model}'s {limit} positions")  # fmt: skip
+        raise ValueError(
+            f"{plan.root_tokens} root + {plan.suffix_tokens} suffix + {plan.decode_tokens} decoded "
+            f"tokens exceed {plan.model}'s {limit} positions"
+        )
     ids = itertools.count(1 << 24)
-    out: dict[str, Any] = {"role": role, "model": plan.model, "kv_bytes_per_token": engine.kv_bytes_per_token(),
-                           "threads": plan.threads, "trials": []}  # fmt: skip
+    out: dict[str, Any] = {
+        "role": role,
+        "model": plan.model,
+        "kv_bytes_per_token": engine.kv_bytes_per_token(),
+        "threads": plan.threads,
+        "trials": [],
+    }
     _warm_up(engine)
     for roots, per_root in plan.workloads:
         work = _Workload(engine, plan, roots, per_root)
@@ -138,8 +153,10 @@ def agents_side(t: MessageTransport, role: int, peer: str, plan: AgentsPlan) -> 
             if role == 1:
                 report = json.dumps(side.report()).encode()
                 if len(report) > _REPORT_BYTES:
-                    raise ValueError(f"a trial report of {len(report)} bytes exceeds {_REPORT_BYTES}; "
-                                     "run fewer agents or fewer decode tokens per workload")  # fmt: skip
+                    raise ValueError(
+                        f"a trial report of {len(report)} bytes exceeds {_REPORT_BYTES}; "
+                        "run fewer agents or fewer decode tokens per workload"
+                    )
                 t.send_control(peer, REPORT, report.ljust(_REPORT_BYTES))
                 continue
             other = json.loads(t.recv_control(peer, REPORT, _REPORT_BYTES).decode().strip())
@@ -166,8 +183,17 @@ def _upstream(engine: Engine, work: _Workload, out: dict[str, Any]) -> BlockStor
     return store
 
 
-def _trial(t: MessageTransport, role: int, peer: str, engine: Engine, plan: AgentsPlan, work: _Workload,
-           holder: BlockStore | None, system: str, ids: Any) -> _Side:  # fmt: skip
+def _trial(
+    t: MessageTransport,
+    role: int,
+    peer: str,
+    engine: Engine,
+    plan: AgentsPlan,
+    work: _Workload,
+    holder: BlockStore | None,
+    system: str,
+    ids: Any,
+) -> _Side:
     side = _Side()
     mine = work.mine(system, role)
     side.agents = len(mine)
@@ -214,9 +240,19 @@ def _serve_roots(t: MessageTransport, peer: str, work: _Workload, holder: BlockS
         t.send(TransferSpec.for_headers(next(ids), peer, headers), headers, tensors)
 
 
-def _prepare(t: MessageTransport, role: int, peer: str, engine: Engine, work: _Workload, holder: BlockStore | None,
-             store: BlockStore, system: str, mine: list[int], side: _Side, ids: Any
-             ) -> tuple[Any, list[list[int]], list[list[int]]]:  # fmt: skip
+def _prepare(
+    t: MessageTransport,
+    role: int,
+    peer: str,
+    engine: Engine,
+    work: _Workload,
+    holder: BlockStore | None,
+    store: BlockStore,
+    system: str,
+    mine: list[int],
+    side: _Side,
+    ids: Any,
+) -> tuple[Any, list[list[int]], list[list[int]]]:
     """This replica's batch cache, the tokens each cache row holds, and the rows still to run,
     per ``system``."""
     held = work.held
@@ -264,8 +300,17 @@ def _prepare(t: MessageTransport, role: int, peer: str, engine: Engine, work: _W
     return cache, [work.roots[work.branches[i][0]][:held] for i in mine], rows
 
 
-def _keep(engine: Engine, work: _Workload, store: BlockStore, system: str, mine: list[int], prefixes: list[list[int]],
-          rows: list[list[int]], tokens: list[list[int]], cache: Any) -> list[BlockStore]:  # fmt: skip
+def _keep(
+    engine: Engine,
+    work: _Workload,
+    store: BlockStore,
+    system: str,
+    mine: list[int],
+    prefixes: list[list[int]],
+    rows: list[list[int]],
+    tokens: list[list[int]],
+    cache: Any,
+) -> list[BlockStore]:
     """Store each agent's KV the way ``system`` keeps it; returns the per-agent stores (dense, text)."""
     kept: list[BlockStore] = []
     for row, (i, generated) in enumerate(zip(mine, tokens, strict=True)):
@@ -282,15 +327,23 @@ def _keep(engine: Engine, work: _Workload, store: BlockStore, system: str, mine:
     return kept
 
 
-def _row(system: str, rep: int, roots: int, per_root: int, plan: AgentsPlan, a: dict[str, Any],
-         b: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _row(
+    system: str, rep: int, roots: int, per_root: int, plan: AgentsPlan, a: dict[str, Any], b: dict[str, Any]
+) -> dict[str, Any]:
     """One tidy row from both replicas' reports (A's clock start, the later end)."""
     sides = {"a": a, "b": b}
-    row: dict[str, Any] = {"system": system, "repeat": rep, "roots": roots, "agents_per_root": per_root,
-                           "agents": roots * per_root, "root_tokens": plan.root_tokens,
-                           "suffix_tokens": plan.suffix_tokens, "decode_tokens": plan.decode_tokens,
-                           "makespan_s": max(a["end"], b["end"]) - a["start"],
-                           "generated_tokens": sum(len(x) for s in sides.values() for x in s["tokens"])}  # fmt: skip
+    row: dict[str, Any] = {
+        "system": system,
+        "repeat": rep,
+        "roots": roots,
+        "agents_per_root": per_root,
+        "agents": roots * per_root,
+        "root_tokens": plan.root_tokens,
+        "suffix_tokens": plan.suffix_tokens,
+        "decode_tokens": plan.decode_tokens,
+        "makespan_s": max(a["end"], b["end"]) - a["start"],
+        "generated_tokens": sum(len(x) for s in sides.values() for x in s["tokens"]),
+    }
     for name, s in sides.items():
         row[f"{name}_agents"] = s["agents"]
         row[f"{name}_busy_s"] = s["end"] - s["start"] if s["agents"] else 0.0

@@ -49,8 +49,18 @@ def calibrate(
         elif backend in ("ucx", "mpi"):
             from graphflow.harness.launch import run_two_processes
 
-            args = ["--job", "probe", "--sizes", ",".join(map(str, sizes)), "--block-bytes", str(bpt * bt),
-                    "--repeats", str(repeats), "--timeout", "600"]  # fmt: skip
+            args = [
+                "--job",
+                "probe",
+                "--sizes",
+                ",".join(map(str, sizes)),
+                "--block-bytes",
+                str(bpt * bt),
+                "--repeats",
+                str(repeats),
+                "--timeout",
+                "600",
+            ]
             samples = [(int(n), float(sec)) for n, sec in run_two_processes(backend, args, timeout_s=3600)[1]]
         else:
             raise ValueError(f"cannot probe backend {backend!r} here; use ucx, mpi or local")

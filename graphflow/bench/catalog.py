@@ -53,9 +53,14 @@ def _event(i: int, keys: np.ndarray, replica: str, block_tokens: int) -> AdmitEv
         checksum=keys ^ np.uint64(0x9E3779B97F4A7C15),
     )
     state = KVState(
-        f"s{i}", "bench", "0", tuple(keys.tolist()), Positions(0, n * block_tokens, RopeInfo(1e4)),
-        Lineage("materialize"), Placement(replica),
-    )  # fmt: skip
+        f"s{i}",
+        "bench",
+        "0",
+        tuple(keys.tolist()),
+        Positions(0, n * block_tokens, RopeInfo(1e4)),
+        Lineage("materialize"),
+        Placement(replica),
+    )
     tokens = np.arange(n * block_tokens, dtype="<i4").tobytes()
     return AdmitEvent(replica, StateRecord(state, tokens), batch)
 

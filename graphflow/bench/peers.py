@@ -51,9 +51,22 @@ def run_peer(peer: str, plan: BenchPlan, timeout_s: float = 1800) -> dict[str, A
 
     if peer not in PEERS:
         raise ValueError(f"unknown peer {peer!r}; use {', '.join(PEERS)}")
-    args = ["--peer", peer, "--sizes", ",".join(map(str, plan.sizes)), "--block-bytes", str(plan.block_bytes),
-            "--iters", str(plan.iters), "--warmup", str(plan.warmup), "--repeats", str(plan.repeats),
-            "--timeout", str(timeout_s)]  # fmt: skip
+    args = [
+        "--peer",
+        peer,
+        "--sizes",
+        ",".join(map(str, plan.sizes)),
+        "--block-bytes",
+        str(plan.block_bytes),
+        "--iters",
+        str(plan.iters),
+        "--warmup",
+        str(plan.warmup),
+        "--repeats",
+        str(plan.repeats),
+        "--timeout",
+        str(timeout_s),
+    ]
     holder, reader = run_module_pair(__name__, args, timeout_s)
     for side in (reader, holder):
         if "unavailable" in side:
@@ -259,8 +272,14 @@ def _measure(
     if not all(torch.equal(a, b) for a, b in zip(into, sent, strict=True)):
         raise RuntimeError(f"{size} bytes read by the peer library differ from the sender's")
     peer_s = statistics.median(times)
-    return {"nbytes": size, "blocks": len(sent), "peer_s": peer_s, "peer_gbps": size / peer_s / 1e9,
-            "checksums": False, "verified_after": True}  # fmt: skip
+    return {
+        "nbytes": size,
+        "blocks": len(sent),
+        "peer_s": peer_s,
+        "peer_gbps": size / peer_s / 1e9,
+        "checksums": False,
+        "verified_after": True,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

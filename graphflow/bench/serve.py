@@ -148,9 +148,21 @@ class ServeBench:
             decisions[t.decision] = decisions.get(t.decision, 0) + 1
         growth, kv = self._memory_growth(), sum(int(s["used_bytes"]) for s in self.client.status())
         steps, rows = (after - before for after, before in zip(self._engine_counts(), steps_before, strict=True))
-        return ServeRow(self.batching, workflows, len(agent_traces), generated, wall, generated / wall,
-                        percentile(ttfts, 0.5), percentile(ttfts, 0.99), growth, kv, decisions, steps,
-                        rows / steps if steps else 0.0)  # fmt: skip
+        return ServeRow(
+            self.batching,
+            workflows,
+            len(agent_traces),
+            generated,
+            wall,
+            generated / wall,
+            percentile(ttfts, 0.5),
+            percentile(ttfts, 0.99),
+            growth,
+            kv,
+            decisions,
+            steps,
+            rows / steps if steps else 0.0,
+        )
 
     # ---- shared root ---------------------------------------------------------------------
     def shared_root(self, agents: int, root_tokens: int, reuse: bool) -> MemoryRow:
@@ -238,18 +250,47 @@ def scripted_tokens_per_s(model: str, root_tokens: int, workflows: int, suffix: 
     decode, roots moved over UCX; not the served path) on the same workload, for comparison."""
     from graphflow.harness.launch import run_two_processes
 
-    job = ["--job", "agents", "--model", model, "--root-tokens", str(root_tokens), "--workloads", f"{workflows}x2",
-           "--suffix", str(suffix), "--decode", str(decode), "--repeats", "1", "--systems", "ours",
-           "--timeout", "1800"]  # fmt: skip
+    job = [
+        "--job",
+        "agents",
+        "--model",
+        model,
+        "--root-tokens",
+        str(root_tokens),
+        "--workloads",
+        f"{workflows}x2",
+        "--suffix",
+        str(suffix),
+        "--decode",
+        str(decode),
+        "--repeats",
+        "1",
+        "--systems",
+        "ours",
+        "--timeout",
+        "1800",
+    ]
     holder, _ = run_two_processes("ucx", job, timeout_s=3600)
     trial = holder["trials"][0]
     return float(trial["generated_tokens"]) / float(trial["makespan_s"])
 
 
-def run_serve_bench(model: str, replicas: int, workflows: Sequence[int], root_tokens: int, agents: int,
-                    decode: int, modes: Sequence[bool], threads: int = 0, max_batch_tokens: int = MAX_BATCH_TOKENS,
-                    memory_agents: int = 0, memory_root: int = 0, hol_prefill: int = 0, scripted: bool = False,
-                    say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:  # fmt: skip
+def run_serve_bench(
+    model: str,
+    replicas: int,
+    workflows: Sequence[int],
+    root_tokens: int,
+    agents: int,
+    decode: int,
+    modes: Sequence[bool],
+    threads: int = 0,
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
+    memory_agents: int = 0,
+    memory_root: int = 0,
+    hol_prefill: int = 0,
+    scripted: bool = False,
+    say: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     """Every measurement for each mode (batching on / off) on a fresh embedded deployment, and
     with ``scripted`` the scripted agents job at the largest workflow count."""
     if not workflows or min(workflows) < 1 or min(root_tokens, agents, decode) < 1:
@@ -262,8 +303,15 @@ def run_serve_bench(model: str, replicas: int, workflows: Sequence[int], root_to
     for batching in modes:
         label = "batching" if batching else "no batching"
         say(f"starting {replicas} replicas of {model} ({label})")
-        client = connect(model=model, replicas=replicas, decode_steps=decode, threads=threads, batching=batching,
-                         max_batch_tokens=max_batch_tokens, capacity_mib=2048)  # fmt: skip
+        client = connect(
+            model=model,
+            replicas=replicas,
+            decode_steps=decode,
+            threads=threads,
+            batching=batching,
+            max_batch_tokens=max_batch_tokens,
+            capacity_mib=2048,
+        )
         bench = ServeBench(client, batching, say)
         bench.throughput(1, min(root_tokens, 256), agents)  # warm-up: every replica has run a node
         for w in workflows:
@@ -301,8 +349,12 @@ def summarize(rows: Sequence[ServeRow], memory: Sequence[MemoryRow], hol: Sequen
         }
     if hol:
         out["head_of_line"] = [
-            {**asdict(h), "idle_p99_s": percentile(h.idle_ttft_s, 0.99),
-             "loaded_p99_s": percentile(h.loaded_ttft_s, 0.99), "ratio_p99": h.ratio_p99}
+            {
+                **asdict(h),
+                "idle_p99_s": percentile(h.idle_ttft_s, 0.99),
+                "loaded_p99_s": percentile(h.loaded_ttft_s, 0.99),
+                "ratio_p99": h.ratio_p99,
+            }
             for h in hol
-        ]  # fmt: skip
+        ]
     return out

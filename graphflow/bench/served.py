@@ -38,8 +38,9 @@ class PinnedAgent:
 
     def __init__(self, client: Client, template: str = AGENT_TEXT) -> None:
         self.client = client
-        self.graph = ExecGraph((ExecNode("agent", "Custom", "REVIEW", template, (), ROOT),), (), ((ROOT, "agent"),),
-                               ("agent",))  # fmt: skip
+        self.graph = ExecGraph(
+            (ExecNode("agent", "Custom", "REVIEW", template, (), ROOT),), (), ((ROOT, "agent"),), ("agent",)
+        )
         self._shift = itertools.count(16, 16)  # NOTE: whole blocks: every call's chain of block keys is new
         self._encoded: dict[str, list[int]] = {}
 

@@ -90,8 +90,16 @@ def sweep_side(t: MessageTransport, role: int, peer: str, plan: SweepPlan) -> di
                     resume_s.append(t2 - t1)
                 t.send_control(peer, ACK, b"k")
             both = [a + b for a, b in zip(recv_s, resume_s, strict=True)]
-            rows.append({"context": n, "nbytes": n * bpt, "recompute_s": recompute, "recv_s": statistics.median(recv_s),
-                         "resume_s": statistics.median(resume_s), "transfer_s": statistics.median(both)})  # fmt: skip
+            rows.append(
+                {
+                    "context": n,
+                    "nbytes": n * bpt,
+                    "recompute_s": recompute,
+                    "recv_s": statistics.median(recv_s),
+                    "resume_s": statistics.median(resume_s),
+                    "transfer_s": statistics.median(both),
+                }
+            )
         else:
             t.recv_control(peer, GO, 1)
             blocks = cache_to_blocks(engine.prefill(tokens).cache, tokens, engine.identity, bt)
@@ -126,24 +134,37 @@ def analyse(result: dict[str, Any], model: str, link_name: str) -> tuple[list[di
     pol = Policy(prof.prefill, resume=prof.resume)
     out = []
     for row in result["rows"]:
-        req = StateRequest("receiver", row["context"], prof.kv_bytes_per_token,
-                           remote=(RemoteCopy("sender", row["context"], prof.links[link_name]),))  # fmt: skip
+        req = StateRequest(
+            "receiver",
+            row["context"],
+            prof.kv_bytes_per_token,
+            remote=(RemoteCopy("sender", row["context"], prof.links[link_name]),),
+        )
         measured = {Option.RECOMPUTE: row["recompute_s"], Option.TRANSFER: row["transfer_s"]}
         d = decide(req, pol)
         d = d.with_measured(measured[d.option], measured)
         oracle = min(measured, key=lambda o: measured[o])
-        out.append({
-            "model": model, "link": link_name, "context": row["context"], "nbytes": row["nbytes"],
-            "link_gbps_fitted": prof.links[link_name].gbps,
-            "measured_recompute_s": row["recompute_s"], "measured_transfer_s": row["transfer_s"],
-            "measured_recv_s": row["recv_s"], "measured_resume_s": row["resume_s"],
-            "predicted_recompute_s": d.predicted_s[Option.RECOMPUTE],
-            "predicted_transfer_s": d.predicted_s[Option.TRANSFER],
-            "decision": d.option.value, "oracle": oracle.value,
-            "right": measured[d.option] <= 1.05 * measured[oracle],
-            "rel_error": prediction_error([d])[0], "regret": regret([d]),
-            "_decision": d,
-        })  # fmt: skip
+        out.append(
+            {
+                "model": model,
+                "link": link_name,
+                "context": row["context"],
+                "nbytes": row["nbytes"],
+                "link_gbps_fitted": prof.links[link_name].gbps,
+                "measured_recompute_s": row["recompute_s"],
+                "measured_transfer_s": row["transfer_s"],
+                "measured_recv_s": row["recv_s"],
+                "measured_resume_s": row["resume_s"],
+                "predicted_recompute_s": d.predicted_s[Option.RECOMPUTE],
+                "predicted_transfer_s": d.predicted_s[Option.TRANSFER],
+                "decision": d.option.value,
+                "oracle": oracle.value,
+                "right": measured[d.option] <= 1.05 * measured[oracle],
+                "rel_error": prediction_error([d])[0],
+                "regret": regret([d]),
+                "_decision": d,
+            }
+        )
     return out, prof
 
 

@@ -15,8 +15,18 @@ __all__ = ["run_deployment_sweep", "run_sweep", "write_sweep"]
 
 
 def _job(model: str, contexts: Sequence[int], repeats: int) -> list[str]:
-    return ["--job", "sweep", "--model", model, "--contexts", ",".join(map(str, contexts)),
-            "--repeats", str(repeats), "--timeout", "1200"]  # fmt: skip
+    return [
+        "--job",
+        "sweep",
+        "--model",
+        model,
+        "--contexts",
+        ",".join(map(str, contexts)),
+        "--repeats",
+        str(repeats),
+        "--timeout",
+        "1200",
+    ]
 
 
 def run_sweep(
@@ -42,8 +52,15 @@ def run_sweep(
     return write_sweep(rows, out)
 
 
-def run_deployment_sweep(address: str, model: str, contexts: Sequence[int], pairs: str, out: Path,
-                         repeats: int = 3, say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:  # fmt: skip
+def run_deployment_sweep(
+    address: str,
+    model: str,
+    contexts: Sequence[int],
+    pairs: str,
+    out: Path,
+    repeats: int = 3,
+    say: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     """The sweep between the served replicas of the deployment at ``address`` (see
     ``bench.sweep_served``); ``pairs`` as ``replica-0:replica-2,…`` ('' = every ordered pair)."""
     from graphflow.bench.sweep_served import parse_pairs, sweep_deployment
@@ -57,8 +74,11 @@ def run_deployment_sweep(address: str, model: str, contexts: Sequence[int], pair
     if limit and max(contexts) + 128 > limit:
         raise ValueError(f"{served} accepts {limit} positions; keep --contexts at most {limit - 128} tokens")
     rows = sweep_deployment(client, served, contexts, repeats, parse_pairs(pairs, client.cluster.replicas), say)
-    return {**write_sweep(rows, out), "pairs": sorted({r["link"] for r in rows}),
-            "links_gbps": {r["link"]: r["link_gbps_fitted"] for r in rows}}  # fmt: skip
+    return {
+        **write_sweep(rows, out),
+        "pairs": sorted({r["link"] for r in rows}),
+        "links_gbps": {r["link"]: r["link_gbps_fitted"] for r in rows},
+    }
 
 
 def write_sweep(rows: list[dict[str, Any]], out: Path) -> dict[str, Any]:

@@ -41,9 +41,14 @@ def parse_pairs(text: str, replicas: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def sweep_deployment(client: Client, model: str, contexts: Sequence[int], repeats: int,
-                     pairs: Sequence[tuple[str, str]],
-                     say: Callable[[str], None] = lambda _m: None) -> list[dict[str, Any]]:  # fmt: skip
+def sweep_deployment(
+    client: Client,
+    model: str,
+    contexts: Sequence[int],
+    repeats: int,
+    pairs: Sequence[tuple[str, str]],
+    say: Callable[[str], None] = lambda _m: None,
+) -> list[dict[str, Any]]:
     """Rows with the two-process sweep's keys plus the pair, its hosts and its measured link."""
     agent = PinnedAgent(client)
     hosts = agent.hosts()
@@ -69,18 +74,29 @@ def sweep_deployment(client: Client, model: str, contexts: Sequence[int], repeat
             choice = min(scores, key=lambda o: (scores[o], list(Option).index(o)))
             unforced = replace(d, option=choice).with_measured(measured[choice], measured)
             oracle = min(measured, key=lambda o: measured[o])
-            rows.append({
-                "model": model, "link": f"{src.removeprefix('graphflow-')}>{dst.removeprefix('graphflow-')}",
-                "src": src, "dst": dst, "src_host": hosts.get(src, ""), "dst_host": hosts.get(dst, ""),
-                "context": n, "nbytes": runs[0].trace.bytes_moved, "link_gbps_fitted": link.gbps,
-                "measured_recompute_s": measured[Option.RECOMPUTE], "measured_transfer_s": transfer,
-                "measured_recv_s": statistics.median(p.get("receive", 0.0) for p in phases),
-                "measured_resume_s": statistics.median(p.get("rebuild", 0.0) for p in phases),
-                "predicted_recompute_s": d.predicted_s[Option.RECOMPUTE],
-                "predicted_transfer_s": d.predicted_s[Option.TRANSFER],
-                "decision": choice.value, "oracle": oracle.value,
-                "right": measured[choice] <= 1.05 * measured[oracle],
-                "rel_error": prediction_error([unforced])[0], "regret": regret([unforced]),
-                "_decision": unforced,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "model": model,
+                    "link": f"{src.removeprefix('graphflow-')}>{dst.removeprefix('graphflow-')}",
+                    "src": src,
+                    "dst": dst,
+                    "src_host": hosts.get(src, ""),
+                    "dst_host": hosts.get(dst, ""),
+                    "context": n,
+                    "nbytes": runs[0].trace.bytes_moved,
+                    "link_gbps_fitted": link.gbps,
+                    "measured_recompute_s": measured[Option.RECOMPUTE],
+                    "measured_transfer_s": transfer,
+                    "measured_recv_s": statistics.median(p.get("receive", 0.0) for p in phases),
+                    "measured_resume_s": statistics.median(p.get("rebuild", 0.0) for p in phases),
+                    "predicted_recompute_s": d.predicted_s[Option.RECOMPUTE],
+                    "predicted_transfer_s": d.predicted_s[Option.TRANSFER],
+                    "decision": choice.value,
+                    "oracle": oracle.value,
+                    "right": measured[choice] <= 1.05 * measured[oracle],
+                    "rel_error": prediction_error([unforced])[0],
+                    "regret": regret([unforced]),
+                    "_decision": unforced,
+                }
+            )
     return rows

@@ -70,8 +70,14 @@ def ttft_side(t: MessageTransport, role: int, peer: str, plan: TtftPlan) -> dict
     ids = itertools.count(1 << 24)
     # the raw reference (one plain message per transfer) and our block transfer, in this run
     bench = run_pair(t, role, peer, BenchPlan([plan.raw_mib << 20], 1 << 20, iters=3, warmup=1, repeats=3))
-    out: dict[str, Any] = {"role": role, "model": plan.model, "kv_bytes_per_token": bpt, "rows": [],
-                           "transport_rows": bench, "threads": torch.get_num_threads()}  # fmt: skip
+    out: dict[str, Any] = {
+        "role": role,
+        "model": plan.model,
+        "kv_bytes_per_token": bpt,
+        "rows": [],
+        "transport_rows": bench,
+        "threads": torch.get_num_threads(),
+    }
     suffix = _suffix(engine, plan.suffix_tokens)
     limit = int(getattr(engine.config, "max_position_embeddings", 0) or 0)
     fits = [n for n in plan.contexts if not limit or n + len(suffix) <= limit]  # same on both sides
@@ -96,8 +102,16 @@ def ttft_side(t: MessageTransport, role: int, peer: str, plan: TtftPlan) -> dict
     return out
 
 
-def _agent_side(t: MessageTransport, peer: str, engine: Engine, plan: TtftPlan, upstream: list[int], held: int,
-                suffix: list[int], ids: Any) -> dict[str, Any]:  # fmt: skip
+def _agent_side(
+    t: MessageTransport,
+    peer: str,
+    engine: Engine,
+    plan: TtftPlan,
+    upstream: list[int],
+    held: int,
+    suffix: list[int],
+    ids: Any,
+) -> dict[str, Any]:
     rest = upstream[held:] + suffix
     parts: dict[str, list[float]] = {k: [] for k in ("ours", "recv", "rebuild", "forward", "local", "text", "dense")}
     firsts: set[int] = set()
@@ -135,5 +149,10 @@ def _agent_side(t: MessageTransport, peer: str, engine: Engine, plan: TtftPlan, 
         firsts.add(dense_first)
     med = {k: statistics.median(v) for k, v in parts.items()}
     nbytes = held * engine.kv_bytes_per_token()
-    return {"context": len(upstream), "suffix": len(suffix), "nbytes": nbytes, **{f"{k}_s": v for k, v in med.items()},
-            "same_first_token": len(firsts) == 1}  # fmt: skip
+    return {
+        "context": len(upstream),
+        "suffix": len(suffix),
+        "nbytes": nbytes,
+        **{f"{k}_s": v for k, v in med.items()},
+        "same_first_token": len(firsts) == 1,
+    }

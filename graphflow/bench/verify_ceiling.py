@@ -122,11 +122,21 @@ def verify_ceiling(
             contended_s, hash_rate = _contended_copy(copy, other, repeats)
             if not copy_then_hash() == copy_and_hash() == copy_and_hash_shared():
                 raise RuntimeError("the ways of hashing the copied blocks disagree")
-            rows.append({
-                "nbytes": size, "block_bytes": block_bytes, "copy_s": copy_s, "copy_then_hash_s": then_s,
-                "copy_and_hash_s": chunked_s, "copy_and_hash_shared_s": shared_s, "copy_contended_s": contended_s,
-                "copy_gbps": size / copy_s / 1e9, "ratio_copy_then_hash": copy_s / then_s,
-                "ratio_copy_and_hash": copy_s / chunked_s, "ratio_copy_and_hash_shared": copy_s / shared_s,
-                "copy_slowdown_contended": copy_s / contended_s, "contending_hash_gbps": hash_rate / 1e9,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "nbytes": size,
+                    "block_bytes": block_bytes,
+                    "copy_s": copy_s,
+                    "copy_then_hash_s": then_s,
+                    "copy_and_hash_s": chunked_s,
+                    "copy_and_hash_shared_s": shared_s,
+                    "copy_contended_s": contended_s,
+                    "copy_gbps": size / copy_s / 1e9,
+                    "ratio_copy_then_hash": copy_s / then_s,
+                    "ratio_copy_and_hash": copy_s / chunked_s,
+                    "ratio_copy_and_hash_shared": copy_s / shared_s,
+                    "copy_slowdown_contended": copy_s / contended_s,
+                    "contending_hash_gbps": hash_rate / 1e9,
+                }
+            )
     return rows

@@ -49,8 +49,15 @@ from scheduler.policy import Policy
 
 __all__ = ["SCENARIOS", "ScenarioResult", "run_faults"]
 
-SCENARIOS = ("replica-dies", "transfer-fails", "corrupt-bytes", "manager-restart", "memory-pressure", "load",
-             "bad-input")  # fmt: skip
+SCENARIOS = (
+    "replica-dies",
+    "transfer-fails",
+    "corrupt-bytes",
+    "manager-restart",
+    "memory-pressure",
+    "load",
+    "bad-input",
+)
 NODE_SCENARIOS = ("node-dies",)  # with --nodes
 
 _TASKS = (
@@ -74,8 +81,9 @@ class ScenarioResult:
 class FaultSuite:
     """One local Ray deployment, reset between scenarios; see the module docstring."""
 
-    def __init__(self, ray: Any, model: str, timeout_s: float, decode: int, repeats: int, replicas: int = 2,
-                 spread: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, ray: Any, model: str, timeout_s: float, decode: int, repeats: int, replicas: int = 2, spread: bool = False
+    ) -> None:
         self.ray = ray
         self.replicas = replicas
         self.spread = spread
@@ -89,8 +97,9 @@ class FaultSuite:
         self.calibration = calibrate_cluster(self.cluster)
         self.ids = {t: self.cluster.get(self.cluster.call(self.cluster.replicas[0], "encode", t)) for t in self.tasks}
         plain = self.executor()
-        self.expected = {t: plain.run(self.graph, self.ids[t], f"ref-{i}", reuse=False).outputs
-                         for i, t in enumerate(self.tasks)}  # fmt: skip
+        self.expected = {
+            t: plain.run(self.graph, self.ids[t], f"ref-{i}", reuse=False).outputs for i, t in enumerate(self.tasks)
+        }
 
     # ---- deployment ----------------------------------------------------------------------
     def deploy(self, capacity_bytes: int = 1 << 30, fresh: bool = False) -> RayCluster:
@@ -100,9 +109,17 @@ class FaultSuite:
                 self._kill_replica(replica_name(i))
         # NOTE: detached, as `graphflow serve` deploys: a non-detached actor would die with the last
         # handle of the deployment object that created it
-        cluster = RayCluster.start(self.ray, self.model, self.replicas, capacity_bytes, detached=True,
-                                   replace_existing=fresh, snapshot_dir=self.snapshot_dir, timeout_s=self.timeout_s,
-                                   spread=self.spread)  # fmt: skip
+        cluster = RayCluster.start(
+            self.ray,
+            self.model,
+            self.replicas,
+            capacity_bytes,
+            detached=True,
+            replace_existing=fresh,
+            snapshot_dir=self.snapshot_dir,
+            timeout_s=self.timeout_s,
+            spread=self.spread,
+        )
         self.cluster = cluster
         return cluster
 
@@ -214,9 +231,13 @@ class FaultSuite:
         self.cluster.manager("check_integrity")
         after = self.executor().run(self.graph, self.ids[task], "faults-mgr-after")
         ok = self.correct(task, result) and self.correct(task, after)
-        return ScenarioResult("manager-restart", True, ok,
-                              f"manager killed after node {done[0]}; restored from {self.snapshot_dir} + replica "
-                              f"holdings; next run saved {after.prefill_tokens_saved} prefill tokens")  # fmt: skip
+        return ScenarioResult(
+            "manager-restart",
+            True,
+            ok,
+            f"manager killed after node {done[0]}; restored from {self.snapshot_dir} + replica "
+            f"holdings; next run saved {after.prefill_tokens_saved} prefill tokens",
+        )
 
     def memory_pressure(self) -> ScenarioResult:
         tasks = self.tasks[:2]
@@ -256,9 +277,13 @@ class FaultSuite:
         lat = sorted(t for _, t in outcomes)
         p50 = statistics.median(lat) if lat else float("nan")
         p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))] if lat else float("nan")
-        return ScenarioResult("load", lost == 0, lost == 0 and all(ok for ok, _ in outcomes),
-                              f"{n} concurrent workflows on {self.replicas} replicas: p50 {p50:.2f} s, p99 {p99:.2f} s",
-                              lost_requests=lost)  # fmt: skip
+        return ScenarioResult(
+            "load",
+            lost == 0,
+            lost == 0 and all(ok for ok, _ in outcomes),
+            f"{n} concurrent workflows on {self.replicas} replicas: p50 {p50:.2f} s, p99 {p99:.2f} s",
+            lost_requests=lost,
+        )
 
     def foreign_blocks(self) -> None:
         """Send a replica KV blocks computed by another model (tiny-qwen2) for a prompt it is
@@ -276,12 +301,22 @@ class FaultSuite:
         ids = list(self.ids[self.tasks[0]][:64])
         headers, tensors = to_wire(cache_to_blocks(other.prefill(ids).cache, ids, other.identity, 16))
         backend = getattr(c.deployment(), "transport", "ucx")
-        driver = create(backend, TransportConfig(timeout_s=self.timeout_s),
-                        **({"name": "faults-driver"} if backend == "ray" else {}))  # fmt: skip
+        driver = create(
+            backend,
+            TransportConfig(timeout_s=self.timeout_s),
+            **({"name": "faults-driver"} if backend == "ray" else {}),
+        )
         try:
             tid = next(transfer_ids())
-            plan = NodePlan("faults-foreign", (*ids, 65), 2, Option.TRANSFER, receive=(0, 64),
-                            source_address=driver.address, transfer_id=tid)  # fmt: skip
+            plan = NodePlan(
+                "faults-foreign",
+                (*ids, 65),
+                2,
+                Option.TRANSFER,
+                receive=(0, 64),
+                source_address=driver.address,
+                transfer_id=tid,
+            )
             node = c.call(r0, "run_node", plan)
             dst = c.get(c.call(r0, "address"))
             driver.send(TransferSpec.for_headers(tid, dst, headers), headers, tensors)
@@ -302,7 +337,7 @@ class FaultSuite:
                     (("a", "b"), ("b", "a")),
                     ("b",),
                 ),
-            ),  # fmt: skip
+            ),
             ("unknown operation", lambda: functional_role("Teleport", None)),
             ("over-long context", lambda: self.executor().run(self.graph, [65] * (limit + 1), "faults-long")),
             ("empty task", lambda: self.executor().run(self.graph, [], "faults-empty")),
@@ -324,9 +359,16 @@ class FaultSuite:
         return ScenarioResult("bad-input", True, self.correct(task, good), detail)
 
 
-def run_faults(model: str = "tiny-llama", scenarios: tuple[str, ...] = SCENARIOS, load: int = 32,
-               timeout_s: float = 5.0, decode: int = 4, repeats: int = 6,
-               say: Callable[[str], None] = lambda _m: None, nodes: int = 0) -> dict[str, Any]:  # fmt: skip
+def run_faults(
+    model: str = "tiny-llama",
+    scenarios: tuple[str, ...] = SCENARIOS,
+    load: int = 32,
+    timeout_s: float = 5.0,
+    decode: int = 4,
+    repeats: int = 6,
+    say: Callable[[str], None] = lambda _m: None,
+    nodes: int = 0,
+) -> dict[str, Any]:
     """Run the scenarios on an embedded Ray cluster, or with ``nodes`` ≥ 2 on a namespace
     cluster of that many nodes (one replica each, plus the ``node-dies`` scenario); returns
     rows and a summary."""
@@ -351,11 +393,15 @@ def run_faults(model: str = "tiny-llama", scenarios: tuple[str, ...] = SCENARIOS
         say(f"deploying {replicas} replicas of {model} and computing reference outputs")
         suite = FaultSuite(ray, model, timeout_s, decode, repeats, replicas=replicas, spread=bool(nodes))
         runners: dict[str, Callable[[], ScenarioResult]] = {
-            "replica-dies": suite.replica_dies, "transfer-fails": suite.transfer_fails,
-            "corrupt-bytes": suite.corrupt_bytes, "manager-restart": suite.manager_restart,
-            "memory-pressure": suite.memory_pressure, "load": lambda: suite.load(load), "bad-input": suite.bad_input,
+            "replica-dies": suite.replica_dies,
+            "transfer-fails": suite.transfer_fails,
+            "corrupt-bytes": suite.corrupt_bytes,
+            "manager-restart": suite.manager_restart,
+            "memory-pressure": suite.memory_pressure,
+            "load": lambda: suite.load(load),
+            "bad-input": suite.bad_input,
             "node-dies": suite.node_dies,
-        }  # fmt: skip
+        }
         rows: list[dict[str, Any]] = []
         try:
             _run_all(scenarios, runners, rows, say)
@@ -367,12 +413,20 @@ def run_faults(model: str = "tiny-llama", scenarios: tuple[str, ...] = SCENARIOS
             ray.shutdown()
             cluster_down()
     passed = sum(r["completed"] and r["outputs_correct"] for r in rows)
-    return {"rows": rows, "scenarios": len(rows), "passed": passed,
-            "lost_requests": sum(r["lost_requests"] for r in rows)}  # fmt: skip
+    return {
+        "rows": rows,
+        "scenarios": len(rows),
+        "passed": passed,
+        "lost_requests": sum(r["lost_requests"] for r in rows),
+    }
 
 
-def _run_all(scenarios: tuple[str, ...], runners: dict[str, Callable[[], ScenarioResult]], rows: list[dict[str, Any]],
-             say: Callable[[str], None]) -> None:  # fmt: skip
+def _run_all(
+    scenarios: tuple[str, ...],
+    runners: dict[str, Callable[[], ScenarioResult]],
+    rows: list[dict[str, Any]],
+    say: Callable[[str], None],
+) -> None:
     for name in scenarios:
         say(f"scenario {name}")
         start = time.perf_counter()
@@ -380,5 +434,15 @@ def _run_all(scenarios: tuple[str, ...], runners: dict[str, Callable[[], Scenari
             row = runners[name]()
         except Exception as exc:  # a scenario that blows up is a failed, lost request
             row = ScenarioResult(name, False, False, f"{type(root_cause(exc)).__name__}: {error_message(exc)[:200]}", 1)
-        rows.append(asdict(ScenarioResult(row.name, row.completed, row.outputs_correct, row.detail,
-                                          row.lost_requests, round(time.perf_counter() - start, 2))))  # fmt: skip
+        rows.append(
+            asdict(
+                ScenarioResult(
+                    row.name,
+                    row.completed,
+                    row.outputs_correct,
+                    row.detail,
+                    row.lost_requests,
+                    round(time.perf_counter() - start, 2),
+                )
+            )
+        )

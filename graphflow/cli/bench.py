@@ -42,12 +42,21 @@ def bench_transport_cmd(
     if json_out:
         emit({"rows": rows, "peers": peer_results})
         return
-    table = Table("backend", "bytes", "blocks", "ours GB/s", "raw GB/s", "ratio", "overhead µs", "bare ratio",
-                  title="transport")  # fmt: skip
+    table = Table(
+        "backend", "bytes", "blocks", "ours GB/s", "raw GB/s", "ratio", "overhead µs", "bare ratio", title="transport"
+    )
     for r in rows:
         bare = f"{r['bare_ratio']:.2f}" if "bare_ratio" in r else "—"  # NOTE: ucx and mpi rows only
-        table.add_row(r["backend"], f"{r['nbytes']:,}", str(r["blocks"]), f"{r['ours_gbps']:.2f}",
-                      f"{r['raw_gbps']:.2f}", f"{r['ratio']:.2f}", f"{r['overhead_us']:.0f}", bare)  # fmt: skip
+        table.add_row(
+            r["backend"],
+            f"{r['nbytes']:,}",
+            str(r["blocks"]),
+            f"{r['ours_gbps']:.2f}",
+            f"{r['raw_gbps']:.2f}",
+            f"{r['ratio']:.2f}",
+            f"{r['overhead_us']:.0f}",
+            bare,
+        )
     out.print(table)
     if peer_results:
         out.print(_peer_table(rows, peer_results))
@@ -86,13 +95,26 @@ def bench_verify_ceiling_cmd(
     if json_out:
         emit({"rows": rows})
         return
-    table = Table("bytes", "copy GB/s", "copy then hash", "copy and hash (in cache)", "same, two threads",
-                  "copy next to a hash", "that hash GB/s",
-                  title="verification ceiling (ratio to the copy alone)")  # fmt: skip
+    table = Table(
+        "bytes",
+        "copy GB/s",
+        "copy then hash",
+        "copy and hash (in cache)",
+        "same, two threads",
+        "copy next to a hash",
+        "that hash GB/s",
+        title="verification ceiling (ratio to the copy alone)",
+    )
     for r in rows:
-        table.add_row(f"{r['nbytes']:,}", f"{r['copy_gbps']:.2f}", f"{r['ratio_copy_then_hash']:.2f}",
-                      f"{r['ratio_copy_and_hash']:.2f}", f"{r['ratio_copy_and_hash_shared']:.2f}",
-                      f"{r['copy_slowdown_contended']:.2f}", f"{r['contending_hash_gbps']:.1f}")  # fmt: skip
+        table.add_row(
+            f"{r['nbytes']:,}",
+            f"{r['copy_gbps']:.2f}",
+            f"{r['ratio_copy_then_hash']:.2f}",
+            f"{r['ratio_copy_and_hash']:.2f}",
+            f"{r['ratio_copy_and_hash_shared']:.2f}",
+            f"{r['copy_slowdown_contended']:.2f}",
+            f"{r['contending_hash_gbps']:.1f}",
+        )
     out.print(table)
 
 
@@ -174,30 +196,64 @@ def bench_serve_cmd(
     if no_batching and no_reference:
         raise ValueError("--no-batching and --no-reference leave nothing to run; pass at most one")
     modes = (False,) if no_batching else (True,) if no_reference else (True, False)
-    result = run_serve_bench(model, replicas, ints(workflows, "--workflows"), root_tokens, agents, decode, modes,
-                             threads, max_batch_tokens, memory_agents, memory_root, hol_prefill, scripted,
-                             say=say)  # fmt: skip
+    result = run_serve_bench(
+        model,
+        replicas,
+        ints(workflows, "--workflows"),
+        root_tokens,
+        agents,
+        decode,
+        modes,
+        threads,
+        max_batch_tokens,
+        memory_agents,
+        memory_root,
+        hol_prefill,
+        scripted,
+        say=say,
+    )
     if json_out:
         emit(result)
         return
-    table = Table("batching", "workflows", "agents", "tok/s", "TTFT p50 s", "TTFT p99 s", "peak RSS MiB",
-                  "KV MiB", "rows/step", title=f"bench serve: {model}")  # fmt: skip
+    table = Table(
+        "batching",
+        "workflows",
+        "agents",
+        "tok/s",
+        "TTFT p50 s",
+        "TTFT p99 s",
+        "peak RSS MiB",
+        "KV MiB",
+        "rows/step",
+        title=f"bench serve: {model}",
+    )
     for r in result["rows"]:
-        table.add_row("on" if r["batching"] else "off", str(r["workflows"]), str(r["agents"]),
-                      f"{r['tokens_per_s']:.1f}", f"{r['ttft_p50_s']:.3f}", f"{r['ttft_p99_s']:.3f}",
-                      f"{r['peak_rss_bytes'] / 2**20:.0f}", f"{r['kv_bytes'] / 2**20:.0f}",
-                      f"{r['rows_per_step']:.1f}" if r["batching"] else "—")  # fmt: skip
+        table.add_row(
+            "on" if r["batching"] else "off",
+            str(r["workflows"]),
+            str(r["agents"]),
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['ttft_p50_s']:.3f}",
+            f"{r['ttft_p99_s']:.3f}",
+            f"{r['peak_rss_bytes'] / 2**20:.0f}",
+            f"{r['kv_bytes'] / 2**20:.0f}",
+            f"{r['rows_per_step']:.1f}" if r["batching"] else "—",
+        )
     out.print(table)
     for w, x in result["speedup_vs_unbatched"].items():
         out.print(f"{w} workflows: {x:.2f}× the unbatched served path")
     for m in result.get("memory", []):
         mode = f"batching {'on' if m['batching'] else 'off'}, reuse {'on' if m['reuse'] else 'off (dense)'}"
-        out.print(f"{m['agents']} agents over {m['root_tokens']} tokens, {mode}: "
-                  f"peak growth {m['peak_rss_bytes'] / 2**20:.0f} MiB")  # fmt: skip
+        out.print(
+            f"{m['agents']} agents over {m['root_tokens']} tokens, {mode}: "
+            f"peak growth {m['peak_rss_bytes'] / 2**20:.0f} MiB"
+        )
     for h in result.get("head_of_line", []):
-        out.print(f"short node TTFT p99, batching {'on' if h['batching'] else 'off'}: idle {h['idle_p99_s']:.3f} s, "
-                  f"during a {h['prefill_tokens']}-token prefill {h['loaded_p99_s']:.3f} s "
-                  f"({h['ratio_p99']:.2f}×, {len(h['loaded_ttft_s'])} samples)")  # fmt: skip
+        out.print(
+            f"short node TTFT p99, batching {'on' if h['batching'] else 'off'}: idle {h['idle_p99_s']:.3f} s, "
+            f"during a {h['prefill_tokens']}-token prefill {h['loaded_p99_s']:.3f} s "
+            f"({h['ratio_p99']:.2f}×, {len(h['loaded_ttft_s'])} samples)"
+        )
 
 
 @user_errors
@@ -217,10 +273,14 @@ def calibrate_cmd(
 
     resolve(model)
     prof = calibrate(model, [b for b in backends.split(",") if b], out_path, repeats, say=say)
-    result = {"profile": str(out_path), "model": prof.model, "prefill": asdict(prof.prefill),
-              "resume": asdict(prof.resume), "links": {k: {"gbps": v.gbps, "latency_s": v.latency_s}
-                                                       for k, v in prof.links.items()},
-              "reconstruct": asdict(prof.reconstruct) if prof.reconstruct else None}  # fmt: skip
+    result = {
+        "profile": str(out_path),
+        "model": prof.model,
+        "prefill": asdict(prof.prefill),
+        "resume": asdict(prof.resume),
+        "links": {k: {"gbps": v.gbps, "latency_s": v.latency_s} for k, v in prof.links.items()},
+        "reconstruct": asdict(prof.reconstruct) if prof.reconstruct else None,
+    }
     if json_out:
         emit(result)
     else:
@@ -248,16 +308,22 @@ def sweep_transfer_vs_recompute(
     from graphflow.models.registry import resolve
 
     if address:
-        result = run_deployment_sweep(address, model, ints(contexts, "--contexts"), pairs, out_dir, repeats,
-                                      say=say)  # fmt: skip
+        result = run_deployment_sweep(address, model, ints(contexts, "--contexts"), pairs, out_dir, repeats, say=say)
         if json_out:
             emit(result)
         else:
             kv_table(f"transfer vs recompute on the deployment at {address}", result)
         return
     resolve(model)
-    result = run_sweep(model, ints(contexts, "--contexts"), [b for b in backends.split(",") if b],
-                       [float(x) for x in links.split(",") if x], out_dir, repeats, say=say)  # fmt: skip
+    result = run_sweep(
+        model,
+        ints(contexts, "--contexts"),
+        [b for b in backends.split(",") if b],
+        [float(x) for x in links.split(",") if x],
+        out_dir,
+        repeats,
+        say=say,
+    )
     if json_out:
         emit(result)
     else:

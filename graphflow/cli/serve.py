@@ -111,11 +111,24 @@ def serve(
     say(f"starting {replicas} replicas of {model}")
     snapshots = snapshot_dir or str(cache_root() / "manager-snapshot")
     cluster = RayCluster.start(
-        ray, model, replicas, capacity_mib << 20, detached=True, snapshot_dir=snapshots, kv_mode=kv_mode,
-        transport=transport, device=device, gpus_per_replica=gpus_per_replica, replace_existing=replace,
-        recompute_head=recompute_head, threads=threads, prefault_bytes=prefault, spread=spread,
-        batching=not no_batching, max_batch_tokens=max_batch_tokens,
-    )  # fmt: skip
+        ray,
+        model,
+        replicas,
+        capacity_mib << 20,
+        detached=True,
+        snapshot_dir=snapshots,
+        kv_mode=kv_mode,
+        transport=transport,
+        device=device,
+        gpus_per_replica=gpus_per_replica,
+        replace_existing=replace,
+        recompute_head=recompute_head,
+        threads=threads,
+        prefault_bytes=prefault,
+        spread=spread,
+        batching=not no_batching,
+        max_batch_tokens=max_batch_tokens,
+    )
     say("measuring prefill and replica-to-replica transfer costs for the scheduler")
     calibration = calibrate_cluster(cluster)
     cluster.share(CALIBRATION_KEY, calibration)
@@ -131,9 +144,11 @@ def serve(
         "device": device,
         "batching": not no_batching,
         "max_batch_tokens": max_batch_tokens if not no_batching else 0,
-        "links": [{"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
-                  for (a, b), ln in sorted(calibration.links.pairs.items())],
-    }  # fmt: skip
+        "links": [
+            {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
+            for (a, b), ln in sorted(calibration.links.pairs.items())
+        ],
+    }
     if json_out:
         emit(info)
     else:

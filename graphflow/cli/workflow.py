@@ -34,8 +34,13 @@ def wgraph_build(
     g = WGraph.build(workflows)
     g.write_parquet(out_path)
     usable = [w for w in workflows if not w.failed]
-    summary = {"operations": len(g.ops), "edges": len(g.edges), "workflows": len(usable),
-               "all_contained": all(g.contains(w) for w in usable), "path": str(out_path)}  # fmt: skip
+    summary = {
+        "operations": len(g.ops),
+        "edges": len(g.edges),
+        "workflows": len(usable),
+        "all_contained": all(g.contains(w) for w in usable),
+        "path": str(out_path),
+    }
     if json_out:
         emit(summary)
         return
@@ -71,8 +76,14 @@ def train_generator(
     losses = imitation(planner, [(t.text, refs[t.benchmark]) for t in sample], TrainConfig(epochs=epochs))
     path = out_path or DEFAULT_CHECKPOINT
     planner.save(path)
-    result = {"tasks": len(sample), "epochs": epochs, "first_loss": losses[0], "final_loss": losses[-1],
-              "checkpoint": str(path), "bytes": path.stat().st_size}  # fmt: skip
+    result = {
+        "tasks": len(sample),
+        "epochs": epochs,
+        "first_loss": losses[0],
+        "final_loss": losses[-1],
+        "checkpoint": str(path),
+        "bytes": path.stat().st_size,
+    }
     emit(result) if json_out else out.print(result)
 
 
@@ -133,11 +144,27 @@ def eval_generator(
         emit(summary)
         return
     for part, data in summary.items():
-        table = Table("method", "edge F1", "95% CI", "upper bound", "exact", "node J", "valid", "ms/task",
-                      title=f"{part}: {', '.join(data['benchmarks'])} ({data['tasks']} tasks)")  # fmt: skip
+        table = Table(
+            "method",
+            "edge F1",
+            "95% CI",
+            "upper bound",
+            "exact",
+            "node J",
+            "valid",
+            "ms/task",
+            title=f"{part}: {', '.join(data['benchmarks'])} ({data['tasks']} tasks)",
+        )
         for name, m in data["methods"].items():
             lo, hi = m["edge_f1_ci"]
-            table.add_row(name, f"{m['edge_f1']:.3f}", f"[{lo:.3f}, {hi:.3f}]", f"{m['upper_bound']:.3f}",
-                          f"{m['exact_match']:.2f}", f"{m['node_jaccard']:.2f}", f"{m['validity']:.2f}",
-                          f"{m['ms_per_task']:.2f}")  # fmt: skip
+            table.add_row(
+                name,
+                f"{m['edge_f1']:.3f}",
+                f"[{lo:.3f}, {hi:.3f}]",
+                f"{m['upper_bound']:.3f}",
+                f"{m['exact_match']:.2f}",
+                f"{m['node_jaccard']:.2f}",
+                f"{m['validity']:.2f}",
+                f"{m['ms_per_task']:.2f}",
+            )
         out.print(table)

@@ -37,8 +37,18 @@ from pathlib import Path
 from graphflow.harness.netns import run_checked
 from graphflow.runtime.errors import Unavailable
 
-__all__ = ["BRIDGE", "ClusterNode", "ClusterSpec", "NamespaceCluster", "cluster_down", "cluster_up", "parse_links",
-           "running_cluster", "start_node", "stop_node"]  # fmt: skip
+__all__ = [
+    "BRIDGE",
+    "ClusterNode",
+    "ClusterSpec",
+    "NamespaceCluster",
+    "cluster_down",
+    "cluster_up",
+    "parse_links",
+    "running_cluster",
+    "start_node",
+    "stop_node",
+]
 
 BRIDGE = "gfc-br0"
 NS_PREFIX = "gfc-node-"
@@ -96,8 +106,13 @@ class ClusterNode:
 
     def env(self) -> dict[str, str]:
         """What every process of this node runs with (Ray's workers inherit it from the raylet)."""
-        return {"RAY_AUTH_MODE": "token", "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": self.device,
-                "GRAPHFLOW_UCX_NET_DEVICES": self.device, "UCX_WARN_UNUSED_ENV_VARS": "n"}  # fmt: skip
+        return {
+            "RAY_AUTH_MODE": "token",
+            "UCX_TLS": "tcp,self",
+            "UCX_NET_DEVICES": self.device,
+            "GRAPHFLOW_UCX_NET_DEVICES": self.device,
+            "UCX_WARN_UNUSED_ENV_VARS": "n",
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +127,12 @@ class NamespaceCluster:
     def to_json(self) -> dict[str, object]:
         spec = asdict(self.spec)
         spec["pair_links"] = {f"{a}-{b}": r for (a, b), r in self.spec.pair_links.items()}
-        return {"spec": spec, "nodes": [asdict(n) for n in self.nodes], "head_address": self.head_address,
-                "client_address": self.client_address}  # fmt: skip
+        return {
+            "spec": spec,
+            "nodes": [asdict(n) for n in self.nodes],
+            "head_address": self.head_address,
+            "client_address": self.client_address,
+        }
 
 
 def parse_links(text: str) -> tuple[str, dict[tuple[int, int], str]]:
@@ -190,8 +209,7 @@ def _network(spec: ClusterSpec, nodes: tuple[ClusterNode, ...]) -> None:
     for node in nodes:
         host_end = f"{node.device}h"
         run_checked("ip", "netns", "add", node.namespace)
-        run_checked("ip", "link", "add", host_end, "type", "veth", "peer", "name", node.device, "netns",
-                    node.namespace)  # fmt: skip
+        run_checked("ip", "link", "add", host_end, "type", "veth", "peer", "name", node.device, "netns", node.namespace)
         run_checked("ip", "link", "set", host_end, "master", BRIDGE, "up")
         ns = ["ip", "-n", node.namespace]
         run_checked(*ns, "addr", "add", f"{node.address}/24", "dev", node.device)
@@ -212,28 +230,62 @@ def _shape(spec: ClusterSpec, node: ClusterNode, nodes: tuple[ClusterNode, ...])
     classes = [(99, _UNSHAPED, None), *((10 + p.index, spec.rate(node.index, p.index), p) for p in peers)]
     for minor, rate, peer in classes:
         burst = str(max(32 * 1024, int(_rate_bits(rate) / 8 / 250)))  # ≥ 4 ms worth of bytes
-        run_checked(*tc, "class", "add", *dev, "parent", "1:", "classid", f"1:{minor}", "htb", "rate", rate,
-                    "burst", burst)  # fmt: skip
+        run_checked(
+            *tc, "class", "add", *dev, "parent", "1:", "classid", f"1:{minor}", "htb", "rate", rate, "burst", burst
+        )
         if spec.delay_ms:
             run_checked(*tc, "qdisc", "add", *dev, "parent", f"1:{minor}", "netem", "delay", f"{spec.delay_ms}ms")
         if peer is not None:
-            run_checked(*tc, "filter", "add", *dev, "protocol", "ip", "parent", "1:", "prio", "1", "u32", "match",
-                        "ip", "dst", f"{peer.address}/32", "flowid", f"1:{minor}")  # fmt: skip
+            run_checked(
+                *tc,
+                "filter",
+                "add",
+                *dev,
+                "protocol",
+                "ip",
+                "parent",
+                "1:",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                "dst",
+                f"{peer.address}/32",
+                "flowid",
+                f"1:{minor}",
+            )
 
 
 def _start_ray(spec: ClusterSpec, node: ClusterNode, head: str) -> None:
     resources = json.dumps({f"graphflow-node-{node.index}": 1})
-    common = [f"--node-ip-address={node.address}", f"--num-cpus={spec.cpus}", f"--resources={resources}",
-              "--disable-usage-stats"]  # fmt: skip
+    common = [
+        f"--node-ip-address={node.address}",
+        f"--num-cpus={spec.cpus}",
+        f"--resources={resources}",
+        "--disable-usage-stats",
+    ]
     if node.index == 0:
         # NOTE: a temp dir of its own: Ray records a head's address in <temp>/ray_current_cluster, and an
         # embedded `ray.init()` in the root namespace would otherwise try to join this cluster
-        role = ["--head", f"--port={GCS_PORT}", f"--ray-client-server-port={CLIENT_PORT}", "--include-dashboard=false",
-                f"--temp-dir={RAY_TEMP_DIR}"]  # fmt: skip
+        role = [
+            "--head",
+            f"--port={GCS_PORT}",
+            f"--ray-client-server-port={CLIENT_PORT}",
+            "--include-dashboard=false",
+            f"--temp-dir={RAY_TEMP_DIR}",
+        ]
     else:
         role = [f"--address={head}"]
-    cmd = [*node.exec_prefix(), "env", *(f"{k}={v}" for k, v in node.env().items()), _ray_exe(), "start", *role,
-           *common]  # fmt: skip
+    cmd = [
+        *node.exec_prefix(),
+        "env",
+        *(f"{k}={v}" for k, v in node.env().items()),
+        _ray_exe(),
+        "start",
+        *role,
+        *common,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip()[-400:]
@@ -241,14 +293,20 @@ def _start_ray(spec: ClusterSpec, node: ClusterNode, head: str) -> None:
 
 
 def _wait_nodes(head_node: ClusterNode, head: str, n: int, timeout_s: float = 120.0) -> None:
-    probe = (f"import ray; ray.init(address={head!r}, log_to_driver=False); "
-             "print(sum(1 for x in ray.nodes() if x['Alive']))")  # fmt: skip
+    probe = (
+        f"import ray; ray.init(address={head!r}, log_to_driver=False); print(sum(1 for x in ray.nodes() if x['Alive']))"
+    )
     env = {**os.environ, **head_node.env()}
     deadline = time.monotonic() + timeout_s
     alive = 0
     while time.monotonic() < deadline:
-        proc = subprocess.run([*head_node.exec_prefix(), sys.executable, "-c", probe], capture_output=True,
-                              text=True, env=env, timeout=120)  # fmt: skip
+        proc = subprocess.run(
+            [*head_node.exec_prefix(), sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         lines = proc.stdout.strip().splitlines()
         alive = int(lines[-1]) if lines and lines[-1].isdigit() else 0
         if alive >= n:

@@ -69,8 +69,25 @@ def shaped_link(rate_mbit: float) -> Iterator[ShapedLink]:
             run_checked("ip", "-n", ns, "link", "set", dev, "up")
             run_checked("ip", "-n", ns, "link", "set", "lo", "up")
             burst = max(32 * 1024, int(rate_mbit * 1e6 / 8 / 250))  # ≥ 4 ms worth of bytes
-            run_checked("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                 "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "50ms")  # fmt: skip
+            run_checked(
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                f"{rate_mbit}mbit",
+                "burst",
+                str(burst),
+                "latency",
+                "50ms",
+            )
         yield link
     finally:
         for ns in link.namespaces:

@@ -79,9 +79,17 @@ def main(argv: list[str] | None = None) -> int:
         elif args.job == "agents":
             from graphflow.bench.agents import AgentsPlan, agents_side
 
-            loads = [tuple(int(x) for x in w.split("x")) for w in args.workloads.split(",")]
-            agents_plan = AgentsPlan(args.model, args.root_tokens, loads, args.suffix, args.decode,  # type: ignore[arg-type]
-                                     tuple(args.systems.split(",")), args.repeats, args.threads)  # fmt: skip
+            loads = [(int(r), int(a)) for r, a in (w.split("x") for w in args.workloads.split(","))]
+            agents_plan = AgentsPlan(
+                args.model,
+                args.root_tokens,
+                loads,
+                args.suffix,
+                args.decode,
+                tuple(args.systems.split(",")),
+                args.repeats,
+                args.threads,
+            )
             result = agents_side(transport, args.role, peer, agents_plan)  # type: ignore[arg-type]
         else:
             from graphflow.bench.transport_pair import BenchPlan, run_pair

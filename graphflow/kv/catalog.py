@@ -45,12 +45,25 @@ KINDS = ("context", "output", "base", "residual")
 COLUMNS: dict[str, np.dtype] = {
     name: np.dtype(dt)
     for name, dt in [
-        ("key", "u8"), ("replica", "i2"), ("kind", "i1"), ("op", "i4"), ("path_hash", "u8"),
-        ("position_offset", "i4"), ("num_tokens", "i2"), ("nbytes", "i4"), ("checksum", "u8"),
-        ("parent_key", "u8"), ("state", "i4"), ("created_s", "f4"), ("last_used_s", "f4"),
-        ("hits", "i4"), ("pins", "i2"), ("lease_until_s", "f4"), ("alive", "?"),
+        ("key", "u8"),
+        ("replica", "i2"),
+        ("kind", "i1"),
+        ("op", "i4"),
+        ("path_hash", "u8"),
+        ("position_offset", "i4"),
+        ("num_tokens", "i2"),
+        ("nbytes", "i4"),
+        ("checksum", "u8"),
+        ("parent_key", "u8"),
+        ("state", "i4"),
+        ("created_s", "f4"),
+        ("last_used_s", "f4"),
+        ("hits", "i4"),
+        ("pins", "i2"),
+        ("lease_until_s", "f4"),
+        ("alive", "?"),
     ]
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True, slots=True, eq=False)

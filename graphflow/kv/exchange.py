@@ -25,8 +25,9 @@ from transport.base import TransferSpec, TransferStats, Transport
 __all__ = ["receive_blocks", "send_blocks", "spec_for_prompt"]
 
 
-def spec_for_prompt(identity: ModelIdentity, ids: Sequence[int], block_tokens: int, peer: str, transfer_id: int,
-                    first_token: int = 0) -> TransferSpec:  # fmt: skip
+def spec_for_prompt(
+    identity: ModelIdentity, ids: Sequence[int], block_tokens: int, peer: str, transfer_id: int, first_token: int = 0
+) -> TransferSpec:
     """The spec of the blocks covering ``ids[first_token:]`` in the hash chain of ``ids``.
 
     ``first_token`` must start a block (the receiver holds every earlier block itself)."""

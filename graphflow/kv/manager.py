@@ -244,9 +244,12 @@ class KVStateManager:
         computed along another path differ by rounding); each row keeps its checksum."""
         code = self.catalog.replica_code(batch.replica)
         reps, sums = self.catalog.col("replica"), self.catalog.col("checksum")
-        stale = [r for i in np.flatnonzero(self.catalog.rows_of_many(batch.key) >= 0).tolist()
-                 for r in self.catalog.rows_of(int(batch.key[i]))
-                 if reps[r] == code and sums[r] != batch.checksum[i]]  # fmt: skip
+        stale = [
+            r
+            for i in np.flatnonzero(self.catalog.rows_of_many(batch.key) >= 0).tolist()
+            for r in self.catalog.rows_of(int(batch.key[i]))
+            if reps[r] == code and sums[r] != batch.checksum[i]
+        ]
         if stale:
             self.catalog.kill(np.asarray(stale, dtype=np.int64))
 
@@ -363,10 +366,13 @@ class KVStateManager:
     def hit_stats(self) -> dict[str, dict[str, float]]:
         """Per replica: prefix lookups it answered best, their share of all lookups, tokens matched."""
         return {
-            r: {"hits": self._hits.get(r, 0), "hit_rate": self._hits.get(r, 0) / max(1, self._lookups),
-                "hit_tokens": self._hit_tokens.get(r, 0)}
+            r: {
+                "hits": self._hits.get(r, 0),
+                "hit_rate": self._hits.get(r, 0) / max(1, self._lookups),
+                "hit_tokens": self._hit_tokens.get(r, 0),
+            }
             for r in self._replicas
-        }  # fmt: skip
+        }
 
     def states_owning(self, keys: Sequence[int], replica: str) -> list[str]:
         """States that admitted the replica's copies of ``keys`` (sorted, unique)."""

@@ -32,8 +32,14 @@ from transport.base import TransferSpec, TransferStats, Transport
 __all__ = ["MergeResult", "evict", "fork", "materialize", "merge", "transfer"]
 
 
-def _report(manager: KVStateManager | None, store: BlockStore, state: KVState, tokens: list[int], now_s: float,
-            new: list[KVBlock]) -> None:  # fmt: skip
+def _report(
+    manager: KVStateManager | None,
+    store: BlockStore,
+    state: KVState,
+    tokens: list[int],
+    now_s: float,
+    new: list[KVBlock],
+) -> None:
     if manager is not None:
         batch = batch_from_blocks(new, store.placement.replica, state.state_id)
         manager.apply([AdmitEvent(store.placement.replica, StateRecord.of(state, tokens), batch)], now_s)
@@ -110,8 +116,15 @@ def transfer(
     return state, stats
 
 
-def fork(store: BlockStore, state_id: str, k: int, *, manager: KVStateManager | None = None,
-         token_ids: list[int] | None = None, now_s: float = 0.0) -> list[KVState]:  # fmt: skip
+def fork(
+    store: BlockStore,
+    state_id: str,
+    k: int,
+    *,
+    manager: KVStateManager | None = None,
+    token_ids: list[int] | None = None,
+    now_s: float = 0.0,
+) -> list[KVState]:
     """``k`` children sharing every block of ``state_id`` (copy-on-write on append)."""
     children = store.fork(state_id, k)
     for child in children:

@@ -27,8 +27,20 @@ from graphflow.runtime.errors import Unavailable
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 
-__all__ = ["BOARD_NAME", "MANAGER_NAME", "TRANSPORTS", "Board", "CallWorker", "Deployment", "RayCluster",
-           "ReplicaActor", "call_worker", "on_node", "replica_name", "spread_nodes"]  # fmt: skip
+__all__ = [
+    "BOARD_NAME",
+    "MANAGER_NAME",
+    "TRANSPORTS",
+    "Board",
+    "CallWorker",
+    "Deployment",
+    "RayCluster",
+    "ReplicaActor",
+    "call_worker",
+    "on_node",
+    "replica_name",
+    "spread_nodes",
+]
 
 MANAGER_NAME = "graphflow-manager"
 BOARD_NAME = "graphflow-board"
@@ -42,8 +54,11 @@ STATUS_GROUP = "status"  # a replica's own threads for cheap calls (queue length
 # at once, and touching fresh pages costs ~1.2 ms per MiB in this VM (a 4K-token SmolLM2 node
 # paid ~0.3 s for it). Replicas keep freed memory instead: one malloc arena, no trimming, and
 # buffers up to glibc's largest mmap threshold (32 MiB) from the heap.
-REPLICA_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": str(2**32 - 1),
-               "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}  # fmt: skip
+REPLICA_ENV = {
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_TRIM_THRESHOLD_": str(2**32 - 1),
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +85,9 @@ class Deployment:
         if self.replicas <= 0:
             raise ValueError(f"need at least one replica, got {self.replicas}")
         if self.transport not in TRANSPORTS:
-            raise ValueError(f"unknown transport {self.transport!r} for served replicas; use one of "
-                             f"{', '.join(TRANSPORTS)}")  # fmt: skip
+            raise ValueError(
+                f"unknown transport {self.transport!r} for served replicas; use one of {', '.join(TRANSPORTS)}"
+            )
         if self.device.startswith("cuda") and self.gpus_per_replica <= 0:
             raise ValueError("a cuda deployment needs --gpus-per-replica > 0 so Ray places each replica on a GPU")
         if self.threads < 0 or self.prefault_bytes < 0:
@@ -79,8 +95,10 @@ class Deployment:
         if self.gpus_per_replica < 0:
             raise ValueError(f"gpus_per_replica must be non-negative, got {self.gpus_per_replica}")
         if self.batching and self.max_batch_tokens <= BATCH_ROWS:
-            raise ValueError(f"--max-batch-tokens must exceed {BATCH_ROWS} (a step holds every running decode), "
-                             f"got {self.max_batch_tokens}")  # fmt: skip
+            raise ValueError(
+                f"--max-batch-tokens must exceed {BATCH_ROWS} (a step holds every running decode), "
+                f"got {self.max_batch_tokens}"
+            )
         kv_mode_of(self.kv_mode)  # a clear error here rather than from inside every actor
 
     def describe(self) -> str:
@@ -190,12 +208,28 @@ class RayCluster:
         self.snapshot_note = ""  # why the last restarted manager did not load the snapshot ("" if it did)
 
     @classmethod
-    def start(cls, ray: Any, model: str, n: int, capacity_bytes: int = 1 << 30, detached: bool = False,
-              snapshot_dir: str = "", timeout_s: float = 120.0, kv_mode: str = "exact", transport: str = "ucx",
-              device: str = "cpu", gpus_per_replica: float = 0.0, replace_existing: bool = False,
-              eviction: str = "score", recompute_head: int = 12, threads: int = 0,
-              prefault_bytes: int = 0, spread: bool = False, batching: bool = True,
-              max_batch_tokens: int = MAX_BATCH_TOKENS) -> RayCluster:  # fmt: skip
+    def start(
+        cls,
+        ray: Any,
+        model: str,
+        n: int,
+        capacity_bytes: int = 1 << 30,
+        detached: bool = False,
+        snapshot_dir: str = "",
+        timeout_s: float = 120.0,
+        kv_mode: str = "exact",
+        transport: str = "ucx",
+        device: str = "cpu",
+        gpus_per_replica: float = 0.0,
+        replace_existing: bool = False,
+        eviction: str = "score",
+        recompute_head: int = 12,
+        threads: int = 0,
+        prefault_bytes: int = 0,
+        spread: bool = False,
+        batching: bool = True,
+        max_batch_tokens: int = MAX_BATCH_TOKENS,
+    ) -> RayCluster:
         """Create the manager and ``n`` replica actors, unless this deployment already runs.
 
         A running deployment of the same model, replicas, mode, capacity, transport and device
@@ -210,31 +244,63 @@ class RayCluster:
         address), the manager and board on the head; otherwise Ray places them. ``batching``: each
         replica's nodes share forward passes of ``max_batch_tokens`` tokens (else one at a time,
         four at once)."""
-        want = Deployment(model, n, kv_mode, capacity_bytes, transport, device, gpus_per_replica, recompute_head,
-                          threads, prefault_bytes, spread, batching, max_batch_tokens)  # fmt: skip
+        want = Deployment(
+            model,
+            n,
+            kv_mode,
+            capacity_bytes,
+            transport,
+            device,
+            gpus_per_replica,
+            recompute_head,
+            threads,
+            prefault_bytes,
+            spread,
+            batching,
+            max_batch_tokens,
+        )
         running = cls._running(ray)
         if running is not None and running != want:
             if not replace_existing:
-                raise ValueError(f"this Ray cluster already serves {running.describe()}; asked for {want.describe()}: "
-                                 "stop it (`graphflow shutdown`) or pass --replace")  # fmt: skip
+                raise ValueError(
+                    f"this Ray cluster already serves {running.describe()}; asked for {want.describe()}: "
+                    "stop it (`graphflow shutdown`) or pass --replace"
+                )
             cls.attach(ray).shutdown()
             time.sleep(1.0)  # NOTE: let Ray release the actors' names before they are created again
         life = {"lifetime": "detached"} if detached else {}
         nodes = spread_nodes(ray) if spread else []
         head = {"scheduling_strategy": on_node(nodes[0])} if nodes else {}
-        manager = ray.remote(KVStateManager).options(name=MANAGER_NAME, namespace=NAMESPACE, get_if_exists=True,
-                                                     num_cpus=0, **life, **head).remote(16, time.time())  # fmt: skip
-        board = ray.remote(Board).options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0,
-                                          **life, **head).remote()  # fmt: skip
+        manager = (
+            ray.remote(KVStateManager)
+            .options(name=MANAGER_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, **life, **head)
+            .remote(16, time.time())
+        )
+        board = (
+            ray.remote(Board)
+            .options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, **life, **head)
+            .remote()
+        )
         _live_replicas(ray, manager)  # a replica that died is started afresh below, with an empty store
         names = [replica_name(i) for i in range(n)]
         handles = {}
         for i, name in enumerate(names):
             place = {"scheduling_strategy": on_node(nodes[i % len(nodes)])} if nodes else {}
-            cfg = ReplicaConfig(name, model, capacity_bytes, transport=transport, timeout_s=timeout_s, kv_mode=kv_mode,
-                                device=device, eviction=eviction, recompute_head=recompute_head, threads=threads,
-                                prefault_bytes=prefault_bytes, batching=batching,
-                                max_batch_tokens=max_batch_tokens)  # fmt: skip
+            cfg = ReplicaConfig(
+                name,
+                model,
+                capacity_bytes,
+                transport=transport,
+                timeout_s=timeout_s,
+                kv_mode=kv_mode,
+                device=device,
+                eviction=eviction,
+                recompute_head=recompute_head,
+                threads=threads,
+                prefault_bytes=prefault_bytes,
+                batching=batching,
+                max_batch_tokens=max_batch_tokens,
+            )
             # NOTE: with the engine loop, the actor's threads only wait on it (its queue bounds them);
             # without it, each thread runs a forward of its own on the same cores
             actor = ray.remote(concurrency_groups={STATUS_GROUP: 2})(ReplicaActor).options(
@@ -278,8 +344,11 @@ class RayCluster:
         except ValueError:
             raise ValueError("no GraphFlow deployment on this Ray cluster; start one with `graphflow serve`") from None
         handles, lost = _live_replicas(ray, manager)
-        board = ray.remote(Board).options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0,
-                                          lifetime="detached").remote()  # fmt: skip
+        board = (
+            ray.remote(Board)
+            .options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, lifetime="detached")
+            .remote()
+        )
         cluster = cls(ray, list(handles), handles, manager, board)
         cluster.lost = lost
         return cluster
@@ -385,8 +454,15 @@ class RayCluster:
         on: dict[str, list[str]] = {}
         for info in self.manager("list_replicas"):
             on.setdefault(info.node, []).append(info.name)
-        return [{"node": n["NodeID"], "host": n.get("NodeManagerAddress", ""), "alive": bool(n.get("Alive")),
-                 "replicas": on.get(n["NodeID"], [])} for n in self.ray.nodes()]  # fmt: skip
+        return [
+            {
+                "node": n["NodeID"],
+                "host": n.get("NodeManagerAddress", ""),
+                "alive": bool(n.get("Alive")),
+                "replicas": on.get(n["NodeID"], []),
+            }
+            for n in self.ray.nodes()
+        ]
 
     def deployment(self) -> Deployment | None:
         found = self.shared(DEPLOYMENT_KEY)

@@ -39,12 +39,14 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
 
 def prefill_samples(engine: Engine, lengths: Sequence[int], repeats: int = 2) -> list[tuple[int, float]]:
     """``(tokens, seconds)`` of a prefill from scratch, median of ``repeats`` after a warm-up."""
-    return [(n, median_seconds(partial(engine.prefill, prompt_token_ids(engine.tokenizer, n)), repeats))
-            for n in lengths]  # fmt: skip
+    return [
+        (n, median_seconds(partial(engine.prefill, prompt_token_ids(engine.tokenizer, n)), repeats)) for n in lengths
+    ]
 
 
-def resume_samples(engine: Engine, lengths: Sequence[int], block_tokens: int = 16,
-                   repeats: int = 2) -> list[tuple[int, float]]:  # fmt: skip
+def resume_samples(
+    engine: Engine, lengths: Sequence[int], block_tokens: int = 16, repeats: int = 2
+) -> list[tuple[int, float]]:
     """``(bytes, seconds)`` to rebuild a cache from ``n`` tokens' blocks (checksums verified)."""
     out = []
     for n in lengths:

@@ -75,10 +75,19 @@ def start_head(port: int = 6379, client_port: int = 10001) -> str:
     ray_bin = Path(sys.executable).parent / "ray"
     exe = str(ray_bin) if ray_bin.exists() else shutil.which("ray") or "ray"
     proc = subprocess.run(
-        [exe, "start", "--head", f"--port={port}", f"--ray-client-server-port={client_port}",
-         "--include-dashboard=false", "--disable-usage-stats"],
-        capture_output=True, text=True, env={**os.environ, "RAY_AUTH_MODE": "token"},
-    )  # fmt: skip
+        [
+            exe,
+            "start",
+            "--head",
+            f"--port={port}",
+            f"--ray-client-server-port={client_port}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+    )
     if proc.returncode != 0:
         raise Unavailable(f"could not start a Ray head: {proc.stderr.strip()[-300:]}")
     return f"127.0.0.1:{port}"

@@ -126,8 +126,9 @@ def levels(gs: ExecGraph) -> dict[str, int]:
     return level
 
 
-def next_use(gs: ExecGraph, done: set[str], ready: Sequence[str], run_id: str,
-             level: dict[str, int] | None = None) -> tuple[tuple[str, int], ...]:  # fmt: skip
+def next_use(
+    gs: ExecGraph, done: set[str], ready: Sequence[str], run_id: str, level: dict[str, int] | None = None
+) -> tuple[tuple[str, int], ...]:
     """For each state the unfinished nodes extend, the topological steps until one needs it
     (0: a node that is ready now). Nodes of ``ready`` count 0. ``level``: :func:`levels` of
     ``gs``, when the caller has it."""
@@ -150,9 +151,18 @@ class WorkflowExecutor:
 
     _ids = transfer_ids()
 
-    def __init__(self, cluster: Cluster, policy: Policy, links: LinkMatrix | LinkSpec, kv_bytes_per_token: int,
-                 model_key: str, decode_steps: int = 16, clock: Callable[[], float] = time.time,
-                 block_tokens: int = 16, lease_s: float = 60.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cluster: Cluster,
+        policy: Policy,
+        links: LinkMatrix | LinkSpec,
+        kv_bytes_per_token: int,
+        model_key: str,
+        decode_steps: int = 16,
+        clock: Callable[[], float] = time.time,
+        block_tokens: int = 16,
+        lease_s: float = 60.0,
+    ) -> None:
         if not cluster.replicas:
             raise ValueError("the cluster has no replicas")
         self.cluster = cluster
@@ -167,9 +177,16 @@ class WorkflowExecutor:
         self._cache: dict[str, list[int]] = {}
         self._info: dict[str, ReplicaInfo] = {}
 
-    def run(self, gs: ExecGraph, task_ids: Sequence[int], run_id: str, reuse: bool = True,
-            on_node: Callable[[NodeTrace], None] | None = None,
-            pin: Mapping[str, str] | None = None, force: Option | None = None) -> RunResult:  # fmt: skip
+    def run(
+        self,
+        gs: ExecGraph,
+        task_ids: Sequence[int],
+        run_id: str,
+        reuse: bool = True,
+        on_node: Callable[[NodeTrace], None] | None = None,
+        pin: Mapping[str, str] | None = None,
+        force: Option | None = None,
+    ) -> RunResult:
         """Execute ``gs`` for a task; ``reuse=False`` turns every KV reuse and transfer off.
 
         ``on_node`` is called with each node's trace as it finishes (progress reporting).
@@ -213,19 +230,34 @@ class WorkflowExecutor:
                 if pinned not in c.replicas:  # unpinned, or pinned to a replica since lost: no longer binds
                     pinned = ""
                 if nid in retry:
-                    d = recompute(pinned or min(c.replicas, key=lambda r: load[r]), len(ctx), self.bpt, self.policy,
-                                  retry[nid], fallback=retry[nid])  # fmt: skip
+                    d = recompute(
+                        pinned or min(c.replicas, key=lambda r: load[r]),
+                        len(ctx),
+                        self.bpt,
+                        self.policy,
+                        retry[nid],
+                        fallback=retry[nid],
+                    )
                 elif reuse:
                     d = self._decide(ctx, tmpl, load, pinned, force)
                 else:
-                    d = recompute(pinned or c.replicas[next(turn) % len(c.replicas)], len(ctx), self.bpt,
-                                  self.policy, "reuse off")  # fmt: skip
+                    d = recompute(
+                        pinned or c.replicas[next(turn) % len(c.replicas)], len(ctx), self.bpt, self.policy, "reuse off"
+                    )
                 if d.option is Option.TRANSFER and d.replica in transferring:
                     continue  # NOTE: wait for the transfer in flight; the prefix will then be local
                 attempts[nid] = attempts.get(nid, 0) + 1
                 kept = tuple(p for p in node.preds if results[p].admit is not None)  # lineage: states that exist
-                plan = self._plan(run_id, nid, ctx, d, reuse, kept, tmpl,
-                                  next_use(gs, set(results), ready, run_id, level) if reuse else ())  # fmt: skip
+                plan = self._plan(
+                    run_id,
+                    nid,
+                    ctx,
+                    d,
+                    reuse,
+                    kept,
+                    tmpl,
+                    next_use(gs, set(results), ready, run_id, level) if reuse else (),
+                )
                 try:
                     handles = self._launch(plan, d, ctx)
                 except Exception as exc:
@@ -272,12 +304,14 @@ class WorkflowExecutor:
         )
 
     # ---- one node ------------------------------------------------------------------------
-    def _decide(self, ctx: list[int], tmpl: TemplateRef, load: dict[str, int], pinned: str = "",
-                force: Option | None = None) -> Decision:  # fmt: skip
+    def _decide(
+        self, ctx: list[int], tmpl: TemplateRef, load: dict[str, int], pinned: str = "", force: Option | None = None
+    ) -> Decision:
         """One manager round trip, then the policy over every replica (only ``pinned``, if set)."""
         version = base_version(self.model_key, ctx[len(ctx) - tmpl.tokens :]) if tmpl.tokens else ""
-        look = self.cluster.manager("begin_node", ctx, self.model_key, self.clock(), self.lease_s, None,
-                                    (tmpl.op, tmpl.path, version))  # fmt: skip
+        look = self.cluster.manager(
+            "begin_node", ctx, self.model_key, self.clock(), self.lease_s, None, (tmpl.op, tmpl.path, version)
+        )
         bt = self.block_tokens
         usable = (len(ctx) - 1) // bt * bt
         have = {m.replica: min(m.num_tokens, usable) // bt * bt for m in look.matches}
@@ -285,10 +319,21 @@ class WorkflowExecutor:
         requests = []
         for r in [pinned] if pinned else self.cluster.replicas:
             local = have.get(r, 0)
-            remote = tuple(RemoteCopy(o, n, self.links.link(o, r), self._address(o))
-                           for o, n in have.items() if o != r and n > local and o in self.cluster.replicas)  # fmt: skip
-            requests.append(StateRequest(r, len(ctx), self.bpt, local_tokens=local, remote=remote,
-                                         residual=self._residual(held.get(r), len(ctx), tmpl)))  # fmt: skip
+            remote = tuple(
+                RemoteCopy(o, n, self.links.link(o, r), self._address(o))
+                for o, n in have.items()
+                if o != r and n > local and o in self.cluster.replicas
+            )
+            requests.append(
+                StateRequest(
+                    r,
+                    len(ctx),
+                    self.bpt,
+                    local_tokens=local,
+                    remote=remote,
+                    residual=self._residual(held.get(r), len(ctx), tmpl),
+                )
+            )
         # NOTE: the replicas count every client's nodes; this run's own launches may not have arrived yet
         reported = self.cluster.queue_lengths()
         queue = {r: max(n, reported.get(r, 0)) * self.policy.prefill(len(ctx)) for r, n in load.items()}
@@ -302,8 +347,17 @@ class WorkflowExecutor:
         n = tmpl.tokens - 1
         return ResidualCopy(n, h.nbytes, min(h.recompute, n), total - tmpl.tokens, tmpl.op, tmpl.path)
 
-    def _plan(self, run_id: str, nid: str, ctx: list[int], d: Decision, reuse: bool, preds: tuple[str, ...],
-              tmpl: TemplateRef, soon: tuple[tuple[str, int], ...]) -> NodePlan:  # fmt: skip
+    def _plan(
+        self,
+        run_id: str,
+        nid: str,
+        ctx: list[int],
+        d: Decision,
+        reuse: bool,
+        preds: tuple[str, ...],
+        tmpl: TemplateRef,
+        soon: tuple[tuple[str, int], ...],
+    ) -> NodePlan:
         transfer = d.option is Option.TRANSFER
         return NodePlan(
             state_id=f"{run_id}:{nid}",
@@ -334,19 +388,35 @@ class WorkflowExecutor:
             events.append(TemplateEvent(res.replica, res.templates))
         self.cluster.manager("apply", events, self.clock())
 
-    def _trace(self, nid: str, d: Decision, res: NodeResult, context: int, decide_s: float,
-               latency_s: float) -> NodeTrace:  # fmt: skip
+    def _trace(
+        self, nid: str, d: Decision, res: NodeResult, context: int, decide_s: float, latency_s: float
+    ) -> NodeTrace:
         ran = d.option
         if (ran is Option.RECONSTRUCT and not res.rebuilt_tokens) or (
             ran is Option.TRANSFER and not res.transferred_tokens
         ):
             ran = Option.REUSE if res.reused_tokens else Option.RECOMPUTE
         note = "; ".join(x for x in (d.fallback, res.note) if x)
-        return NodeTrace(nid, res.replica, ran.value, d.source if ran is Option.TRANSFER else "", d.chosen_predicted_s,
-                         res.total_s, res.ttft_s, res.bytes_moved, res.prefill_tokens,
-                         res.reused_tokens + res.transferred_tokens, context, res.text, note, res.rebuilt_tokens,
-                         d.option.value if ran is not d.option else "", decide_s, latency_s,
-                         res.phases)  # fmt: skip
+        return NodeTrace(
+            nid,
+            res.replica,
+            ran.value,
+            d.source if ran is Option.TRANSFER else "",
+            d.chosen_predicted_s,
+            res.total_s,
+            res.ttft_s,
+            res.bytes_moved,
+            res.prefill_tokens,
+            res.reused_tokens + res.transferred_tokens,
+            context,
+            res.text,
+            note,
+            res.rebuilt_tokens,
+            d.option.value if ran is not d.option else "",
+            decide_s,
+            latency_s,
+            res.phases,
+        )
 
     def materialize_root(self, root: str, task_ids: Sequence[int], pinned: str = "") -> NodeTrace:
         """Prefill the task context once as state ``root``, on ``pinned`` if set (else the first
@@ -363,8 +433,21 @@ class WorkflowExecutor:
             c.manager("apply", list(got.events), self.clock())
             note = "" if got.kept else "larger than the replica's store: not kept, nodes prefill it"
             n = got.tokens - got.reused
-            return NodeTrace(ROOT, replica, MATERIALIZE, "", self.policy.prefill(n), got.seconds, got.seconds,
-                             0, n, got.reused, got.tokens, "", note)  # fmt: skip
+            return NodeTrace(
+                ROOT,
+                replica,
+                MATERIALIZE,
+                "",
+                self.policy.prefill(n),
+                got.seconds,
+                got.seconds,
+                0,
+                n,
+                got.reused,
+                got.tokens,
+                "",
+                note,
+            )
         raise Unavailable("every replica failed; restart the deployment (`graphflow serve`)")
 
     # ---- failures ------------------------------------------------------------------------
@@ -417,8 +500,10 @@ class WorkflowExecutor:
                 known = ", ".join(sorted(nodes))
                 raise ValueError(f"cannot pin {nid!r}: the workflow has no such node (it has {known})")
             if replica not in self.cluster.replicas:
-                raise ValueError(f"cannot pin {nid!r} to {replica!r}: the deployment's replicas are "
-                                 f"{', '.join(self.cluster.replicas)}")  # fmt: skip
+                raise ValueError(
+                    f"cannot pin {nid!r} to {replica!r}: the deployment's replicas are "
+                    f"{', '.join(self.cluster.replicas)}"
+                )
 
     def _refresh_info(self) -> None:
         """Transport addresses and nodes as the manager has them (one call per run)."""

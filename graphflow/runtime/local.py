@@ -22,9 +22,17 @@ class ReplicaUnavailable(RuntimeError):
 class LocalCluster:
     """Same interface as the Ray deployment; replicas talk over the local transport."""
 
-    def __init__(self, model: str, replicas: int = 2, capacity_bytes: int = 1 << 28, timeout_s: float = 120.0,
-                 snapshot_dir: str = "", kv_mode: str = "exact", eviction: str = "score",
-                 **replica_options: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: str,
+        replicas: int = 2,
+        capacity_bytes: int = 1 << 28,
+        timeout_s: float = 120.0,
+        snapshot_dir: str = "",
+        kv_mode: str = "exact",
+        eviction: str = "score",
+        **replica_options: Any,
+    ) -> None:
         if replicas <= 0:
             raise ValueError(f"need at least one replica, got {replicas}")
         self.replicas = [f"replica-{i}" for i in range(replicas)]
@@ -40,7 +48,7 @@ class LocalCluster:
                     eviction=eviction,
                     **replica_options,
                 )
-            )  # fmt: skip
+            )
             for r in self.replicas
         }
         self._manager = KVStateManager(epoch_s=time.time())
@@ -83,8 +91,9 @@ class LocalCluster:
         if self.snapshot_dir:
             self.snapshot_note = load_or_why(lambda: manager.load_snapshot(self.snapshot_dir), self.snapshot_dir)
         live = [r for r in self.replicas if r not in self._stopped]
-        reported = sum(manager.resync_replica(self.workers[r].info(), self.workers[r].holdings(), time.time())
-                       for r in live)  # fmt: skip
+        reported = sum(
+            manager.resync_replica(self.workers[r].info(), self.workers[r].holdings(), time.time()) for r in live
+        )
         manager.apply([TemplateEvent(r, self.workers[r].template_holdings()) for r in live], time.time())
         if self.snapshot_dir:
             manager.enable_snapshots(self.snapshot_dir)

@@ -93,8 +93,9 @@ class ReplicaConfig:
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         if self.threads < 0 or self.prefault_bytes < 0:
-            raise ValueError(f"threads and prefault_bytes must be non-negative, got {self.threads}, "
-                             f"{self.prefault_bytes}")  # fmt: skip
+            raise ValueError(
+                f"threads and prefault_bytes must be non-negative, got {self.threads}, {self.prefault_bytes}"
+            )
 
 
 class ReplicaWorker:
@@ -339,8 +340,10 @@ class ReplicaWorker:
         template from base + residual (``reconstruct``), for the policy's costs."""
         from graphflow.runtime.calibration import reconstruct_samples, resume_samples
 
-        return {"resume": resume_samples(self.engine, lengths, self.config.block_tokens, repeats),
-                "reconstruct": reconstruct_samples(self.engine, repeats=repeats)}  # fmt: skip
+        return {
+            "resume": resume_samples(self.engine, lengths, self.config.block_tokens, repeats),
+            "reconstruct": reconstruct_samples(self.engine, repeats=repeats),
+        }
 
     def max_positions(self) -> int:
         """The longest context this replica's model accepts (0: no stated limit)."""
@@ -349,15 +352,18 @@ class ReplicaWorker:
     def _check_length(self, n: int) -> None:
         limit = self.max_positions()
         if limit and n > limit:
-            raise ValueError(f"the context needs {n} positions but {self.config.model} accepts at most {limit}; "
-                             "shorten the task or its workflow's outputs")  # fmt: skip
+            raise ValueError(
+                f"the context needs {n} positions but {self.config.model} accepts at most {limit}; "
+                "shorten the task or its workflow's outputs"
+            )
 
     def kv_bytes_per_token(self) -> int:
         return self.engine.kv_bytes_per_token()
 
     # ---- storing and evicting ------------------------------------------------------------
-    def _keep(self, plan: NodePlan, state_tokens: list[int], cache: Any,
-              prefix: list[KVBlock]) -> tuple[AdmitEvent | None, list[EvictEvent]]:  # fmt: skip
+    def _keep(
+        self, plan: NodePlan, state_tokens: list[int], cache: Any, prefix: list[KVBlock]
+    ) -> tuple[AdmitEvent | None, list[EvictEvent]]:
         """Store the node's whole state (KV for every token but the last output) for reuse:
         ``prefix`` (stored blocks the node continued; ``cache`` then holds only what follows)
         plus the blocks cut from ``cache``."""
@@ -374,8 +380,9 @@ class ReplicaWorker:
         at = len(prefix) * bt
         return prefix + make_blocks(prefix[-1].key, state_tokens[at:], at, stack_cache(cache), model_key, bt)
 
-    def _store_state(self, computed: list[Any], lineage: Lineage, state_id: str,
-                     tokens: Sequence[int]) -> tuple[AdmitEvent | None, list[EvictEvent]]:  # fmt: skip
+    def _store_state(
+        self, computed: list[Any], lineage: Lineage, state_id: str, tokens: Sequence[int]
+    ) -> tuple[AdmitEvent | None, list[EvictEvent]]:
         """Add a state, evicting others (see the module docstring) when the store is full.
 
         A state that cannot fit without evicting a protected one, or that is larger than the
@@ -543,16 +550,23 @@ class ReplicaWorker:
 
     def info(self) -> ReplicaInfo:
         """How the manager registers this replica."""
-        return ReplicaInfo(self.config.name, node=self.config.node or "localhost", device=self.config.device,
-                           budget_bytes=self.config.capacity_bytes, address=self.address(),
-                           transport=self.config.transport, host=self.config.host)  # fmt: skip
+        return ReplicaInfo(
+            self.config.name,
+            node=self.config.node or "localhost",
+            device=self.config.device,
+            budget_bytes=self.config.capacity_bytes,
+            address=self.address(),
+            transport=self.config.transport,
+            host=self.config.host,
+        )
 
     def holdings(self) -> list[AdmitEvent]:
         """Every state this replica holds, oldest first, as admits: a restarted manager
         re-learns the replica's contents from these."""
         with self._lock:
-            return [self._admit_event(sid, [t for b in self.store.blocks(sid) for t in b.token_ids])
-                    for sid in self._held]  # fmt: skip
+            return [
+                self._admit_event(sid, [t for b in self.store.blocks(sid) for t in b.token_ids]) for sid in self._held
+            ]
 
     def template_holdings(self) -> tuple[Any, ...]:
         """What this replica can rebuild from base (+ residual) now (see ``TemplateHolding``)."""
@@ -575,17 +589,29 @@ class ReplicaWorker:
     def stats(self) -> dict[str, Any]:
         s = self.store.stats()
         loop = self.batcher
-        return {"replica": self.config.name, "model": self.config.model, "used_bytes": s.used_bytes,
-                "capacity_bytes": s.capacity_bytes, "blocks": s.num_blocks, "states": s.num_states,
-                "peak_bytes": s.peak_used_bytes, "transport": self.config.transport,
-                "node": self.config.node or "localhost", "host": self.config.host or "localhost",
-                "device": self.config.device,
-                "eviction": self.config.eviction, "threads": torch.get_num_threads(),
-                "prefaulted_bytes": self.prefaulted_bytes,
-                "prefault_short": self.prefault_short,
-                "batching": loop is not None, "batching_off": self.batching_off,
-                "max_batch_tokens": loop.max_batch_tokens if loop else 0,
-                "engine_steps": loop.steps if loop else 0, "engine_rows": loop.rows_run if loop else 0,
-                "peak_rows": loop.peak_rows if loop else 0,
-                "queue": self.queue_length(), "shared_prefix_copies": self._prefixes.built,
-                **(self.templates.stats_dict() if self.templates else {"kv_mode": "exact"})}  # fmt: skip
+        return {
+            "replica": self.config.name,
+            "model": self.config.model,
+            "used_bytes": s.used_bytes,
+            "capacity_bytes": s.capacity_bytes,
+            "blocks": s.num_blocks,
+            "states": s.num_states,
+            "peak_bytes": s.peak_used_bytes,
+            "transport": self.config.transport,
+            "node": self.config.node or "localhost",
+            "host": self.config.host or "localhost",
+            "device": self.config.device,
+            "eviction": self.config.eviction,
+            "threads": torch.get_num_threads(),
+            "prefaulted_bytes": self.prefaulted_bytes,
+            "prefault_short": self.prefault_short,
+            "batching": loop is not None,
+            "batching_off": self.batching_off,
+            "max_batch_tokens": loop.max_batch_tokens if loop else 0,
+            "engine_steps": loop.steps if loop else 0,
+            "engine_rows": loop.rows_run if loop else 0,
+            "peak_rows": loop.peak_rows if loop else 0,
+            "queue": self.queue_length(),
+            "shared_prefix_copies": self._prefixes.built,
+            **(self.templates.stats_dict() if self.templates else {"kv_mode": "exact"}),
+        }

@@ -73,8 +73,13 @@ def compile_workflow(w: Workflow) -> ExecGraph:
     )
 
 
-def node_context(node: ExecNode, contexts: Mapping[str, Sequence[int]], outputs: Mapping[str, Sequence[int]],
-                 task_ids: Sequence[int], encode: Callable[[str], list[int]]) -> list[int]:  # fmt: skip
+def node_context(
+    node: ExecNode,
+    contexts: Mapping[str, Sequence[int]],
+    outputs: Mapping[str, Sequence[int]],
+    task_ids: Sequence[int],
+    encode: Callable[[str], list[int]],
+) -> list[int]:
     """The node's prompt in the layout above: extend the state parent's context and output, or
     task context + each predecessor's output; then the operation's template."""
     tmpl = encode(node.template)

@@ -44,17 +44,33 @@ __all__ = [
 ]
 
 _ROLE_MAP = {
-    None: "SOLVE", "SOLVE_PROMPT": "SOLVE", "SOLVE_STANDARD": "SOLVE", "INITIAL_SOLVE_PROMPT": "SOLVE",
-    "REASONING_PROMPT": "SOLVE", "STEP_BY_STEP_BOXED_PROMPT": "SOLVE", "MATH_REASONING_PROMPT": "SOLVE",
-    "SOLVE_ALTERNATIVE": "SOLVE_ALT", "SOLVE_ASSUMPTIONS": "SOLVE_ASSUME",
-    "REVIEW_PROMPT": "REVIEW", "REVIEW_FINAL": "REVIEW", "VERIFY_PROMPT": "REVIEW",
-    "CORRECTION_PROMPT": "REFINE", "FINAL_CORRECTION_PROMPT": "REFINE",
+    None: "SOLVE",
+    "SOLVE_PROMPT": "SOLVE",
+    "SOLVE_STANDARD": "SOLVE",
+    "INITIAL_SOLVE_PROMPT": "SOLVE",
+    "REASONING_PROMPT": "SOLVE",
+    "STEP_BY_STEP_BOXED_PROMPT": "SOLVE",
+    "MATH_REASONING_PROMPT": "SOLVE",
+    "SOLVE_ALTERNATIVE": "SOLVE_ALT",
+    "SOLVE_ASSUMPTIONS": "SOLVE_ASSUME",
+    "REVIEW_PROMPT": "REVIEW",
+    "REVIEW_FINAL": "REVIEW",
+    "VERIFY_PROMPT": "REVIEW",
+    "CORRECTION_PROMPT": "REFINE",
+    "FINAL_CORRECTION_PROMPT": "REFINE",
     "SWE_AGENT_PATCH_PROMPT": "PATCH",
-}  # fmt: skip
+}
 _OPERATOR_ROLE = {
-    "CustomCodeGenerate": "CODE", "ScEnsemble": "ENSEMBLE", "Programmer": "PROGRAM", "Test": "TEST",
-    "AnswerGenerate": "ANSWER", "Format": "FORMAT", "Review": "REVIEW", "Revise": "REFINE", "MdEnsemble": "ENSEMBLE",
-}  # fmt: skip
+    "CustomCodeGenerate": "CODE",
+    "ScEnsemble": "ENSEMBLE",
+    "Programmer": "PROGRAM",
+    "Test": "TEST",
+    "AnswerGenerate": "ANSWER",
+    "Format": "FORMAT",
+    "Review": "REVIEW",
+    "Revise": "REFINE",
+    "MdEnsemble": "ENSEMBLE",
+}
 FUNCTIONAL_ROLES = sorted(set(_ROLE_MAP.values()) | set(_OPERATOR_ROLE.values()))
 
 

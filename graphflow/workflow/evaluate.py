@@ -132,9 +132,11 @@ def _fold_methods(
 
 
 def evaluate_generator(
-    tasks: list[TaskExample], corpus: list[Workflow], settings: EvalSettings | None = None,
+    tasks: list[TaskExample],
+    corpus: list[Workflow],
+    settings: EvalSettings | None = None,
     say: Callable[[str], None] = lambda _m: None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run parts 1 and 2. Returns (summary, per-task rows)."""
     s = settings or EvalSettings()
     refs = references(corpus)
@@ -165,8 +167,17 @@ def evaluate_generator(
                 pred_s = structure(pred)
                 for part, target in targets:
                     m = _metrics(pred, pred_s, target)
-                    rows.append({"part": part, "method": name, "benchmark": x, "task": task.index, "ms": ms,
-                                 "upper_bound": upper_bound(g, target), **m})  # fmt: skip
+                    rows.append(
+                        {
+                            "part": part,
+                            "method": name,
+                            "benchmark": x,
+                            "task": task.index,
+                            "ms": ms,
+                            "upper_bound": upper_bound(g, target),
+                            **m,
+                        }
+                    )
     return _summarize(rows, s), rows
 
 

@@ -126,8 +126,12 @@ def _sample_task(
     for _ in range(samples):
         decisions: list[tuple[int, bool]] = []
         drawn: list[int] = []
-        nodes, edges, _ = decode(planner.cands, scores.detach(), pick=_sampler(rng, decisions),
-                                 fallback=_fallback(rng, drawn, start_q.detach().tolist()))  # fmt: skip
+        nodes, edges, _ = decode(
+            planner.cands,
+            scores.detach(),
+            pick=_sampler(rng, decisions),
+            fallback=_fallback(rng, drawn, start_q.detach().tolist()),
+        )
         rs.append(reward(planner.g.to_workflow(nodes, edges), task))
         terms = [torch.log(scores[i] if k else 1 - scores[i] + 1e-8) for i, k in decisions]
         terms += [torch.log(start_q[k]) for k in drawn]

@@ -21,7 +21,9 @@ def test_agents_job_measures_every_system():
     four = {s: rows[(1, 4, s)] for s in ("dense", "local", "ours")}
     assert four["ours"]["transfer_s"] > 0 and four["ours"]["prefill_s"] == 0
     assert four["local"]["prefill_s"] > 0  # B computed the root itself
-    mem = {r["system"]: r for r in memory_rows([r for r in rows.values() if r["agents"] == 4 and r["roots"] == 1],
-                                               meta["root_bytes"])}  # fmt: skip
+    mem = {
+        r["system"]: r
+        for r in memory_rows([r for r in rows.values() if r["agents"] == 4 and r["roots"] == 1], meta["root_bytes"])
+    }
     assert mem["ours"]["roots_held_once"] is True
     assert mem["ours"]["stored_bytes"] < mem["dense"]["stored_bytes"]

@@ -10,9 +10,28 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_bench_serve_batches_concurrent_workflows_and_shares_a_root():
-    got = last_json(cli("bench", "serve", "--model", "tiny-llama", "--workflows", "1,4", "--root-tokens", "128",
-                        "--decode", "6", "--memory-agents", "4", "--memory-root", "512", "--hol-prefill", "0",
-                        "--json", timeout=900))  # fmt: skip
+    got = last_json(
+        cli(
+            "bench",
+            "serve",
+            "--model",
+            "tiny-llama",
+            "--workflows",
+            "1,4",
+            "--root-tokens",
+            "128",
+            "--decode",
+            "6",
+            "--memory-agents",
+            "4",
+            "--memory-root",
+            "512",
+            "--hol-prefill",
+            "0",
+            "--json",
+            timeout=900,
+        )
+    )
     rows = {(r["batching"], r["workflows"]): r for r in got["rows"]}
     assert set(rows) == {(True, 1), (True, 4), (False, 1), (False, 4)}
     for r in got["rows"]:

@@ -72,8 +72,11 @@ def served(cluster):
     """One deployment for the module: three replicas spread over the three nodes."""
     address = cluster["client_address"]
     assert address == "ray://10.233.0.1:10001" and len(cluster["nodes"]) == 3
-    return _last_json(_cli("serve", "--address", address, "--replicas", "3", "--spread", "--capacity-mib", "256",
-                           "--detach", "--json"))  # fmt: skip
+    return _last_json(
+        _cli(
+            "serve", "--address", address, "--replicas", "3", "--spread", "--capacity-mib", "256", "--detach", "--json"
+        )
+    )
 
 
 def test_spread_replicas_move_kv_across_nodes_and_outputs_match(cluster, served):
@@ -81,8 +84,9 @@ def test_spread_replicas_move_kv_across_nodes_and_outputs_match(cluster, served)
     hosts = {p["replica"]: p["host"] for p in served["placement"]}
     assert sorted(hosts.values()) == ["10.233.0.1", "10.233.0.2", "10.233.0.3"]  # one replica per node
     assert len(served["links"]) == 6  # every ordered pair measured over its own link
-    run = subprocess.run([sys.executable, "-c", RUN_FAN_OUT, address], capture_output=True, text=True, env=ENV,
-                         timeout=600)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", RUN_FAN_OUT, address], capture_output=True, text=True, env=ENV, timeout=600
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["identical"]
@@ -94,8 +98,9 @@ def test_spread_replicas_move_kv_across_nodes_and_outputs_match(cluster, served)
 
 def test_a_node_that_dies_mid_workflow_is_survived_and_one_that_returns_is_used_again(cluster, served):
     address = cluster["client_address"]
-    run = subprocess.run([sys.executable, "-c", RUN_NODE_FAILURE, address], capture_output=True, text=True, env=ENV,
-                         timeout=600)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", RUN_NODE_FAILURE, address], capture_output=True, text=True, env=ENV, timeout=600
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["identical"] and got["killed"] > 0
@@ -106,7 +111,10 @@ def test_a_node_that_dies_mid_workflow_is_survived_and_one_that_returns_is_used_
     assert [r["replica"] for r in status["replicas"]] == ["graphflow-replica-0", "graphflow-replica-1"]
     assert any(not n["alive"] and n["host"] == "10.233.0.3" for n in status["nodes"])
     _cli("cluster", "start-node", "2")
-    again = _last_json(_cli("serve", "--address", address, "--replicas", "3", "--spread", "--capacity-mib", "256",
-                            "--detach", "--json"))  # fmt: skip
+    again = _last_json(
+        _cli(
+            "serve", "--address", address, "--replicas", "3", "--spread", "--capacity-mib", "256", "--detach", "--json"
+        )
+    )
     assert sorted(p["host"] for p in again["placement"]) == ["10.233.0.1", "10.233.0.2", "10.233.0.3"]
     _cli("shutdown", "--address", address, "--no-stop-head", "--json")

@@ -50,8 +50,22 @@ def slow_node():
 
 def test_slow_node_recomputes_and_the_fast_pair_transfers(slow_node):
     address = slow_node["client_address"]
-    served = _last_json(_cli("serve", "--address", address, "--model", "smollm2-shape", "--replicas", "3", "--spread",
-                             "--capacity-mib", "512", "--detach", "--json"))  # fmt: skip
+    served = _last_json(
+        _cli(
+            "serve",
+            "--address",
+            address,
+            "--model",
+            "smollm2-shape",
+            "--replicas",
+            "3",
+            "--spread",
+            "--capacity-mib",
+            "512",
+            "--detach",
+            "--json",
+        )
+    )
     bw = {(ln["src"][-1], ln["dst"][-1]): ln["bandwidth_bytes_per_s"] for ln in served["links"]}
     assert bw[("0", "1")] > 5 * bw[("0", "2")]  # the matrix tells the pairs apart (1 Gbit/s vs 50 Mbit/s)
     run = subprocess.run([sys.executable, "-c", RUN, address], capture_output=True, text=True, env=ENV, timeout=600)

@@ -17,8 +17,13 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def report():
     env = {**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "graphflow.cli", "check", "faults", "--load", "32", "--json"],
-                          capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "graphflow.cli", "check", "faults", "--load", "32", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     lines = proc.stdout.strip().splitlines()
     assert lines, proc.stderr[-3000:]
     return json.loads(lines[-1])
@@ -39,6 +44,10 @@ def test_nothing_is_lost(report):
 
 
 def test_unknown_scenario_is_refused():
-    proc = subprocess.run([sys.executable, "-m", "graphflow.cli", "check", "faults", "--scenario", "meteor"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "graphflow.cli", "check", "faults", "--scenario", "meteor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "unknown scenarios" in proc.stderr

@@ -22,8 +22,9 @@ def test_serve_submit_status_shutdown():
     try:
         fuzzy = _cli("serve", "--model", "tiny-llama", "--kv-mode", "fuzzy", check=False)
         assert fuzzy.returncode == 2 and "unknown KV mode 'fuzzy'" in fuzzy.stderr
-        served = _last_json(_cli("serve", "--model", "tiny-llama", "--replicas", "2", "--kv-mode", "differential",
-                                 "--detach", "--json"))  # fmt: skip
+        served = _last_json(
+            _cli("serve", "--model", "tiny-llama", "--replicas", "2", "--kv-mode", "differential", "--detach", "--json")
+        )
         assert served["replicas"] == ["graphflow-replica-0", "graphflow-replica-1"]
         pairs = {(ln["src"], ln["dst"]) for ln in served["links"]}  # measured once per ordered pair, shared
         assert pairs == {("graphflow-replica-0", "graphflow-replica-1"), ("graphflow-replica-1", "graphflow-replica-0")}
@@ -32,11 +33,13 @@ def test_serve_submit_status_shutdown():
         said = other.stderr.strip().splitlines()[-1]  # one sentence naming both (Ray logs its own lines first)
         assert other.returncode == 2 and "already serves 2 × tiny-llama" in said and "tiny-qwen2" in said
         task = "Add 17 and 25, then double the result. " * 6
-        result = _last_json(_cli("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--decode", "4",
-                                 "--json"))  # fmt: skip
+        result = _last_json(
+            _cli("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--decode", "4", "--json")
+        )
         assert result["trace"] and all(t["replica"].startswith("graphflow-replica-") for t in result["trace"])
-        wrong = _cli("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--model", "smollm2-135m",
-                     check=False)  # fmt: skip
+        wrong = _cli(
+            "submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--model", "smollm2-135m", check=False
+        )
         assert wrong.returncode == 2 and "serves 'tiny-llama', not 'smollm2-135m'" in wrong.stderr
         status = _last_json(_cli("status", "--address", HEAD, "--json"))
         assert len(status["replicas"]) == 2 and any(r["blocks"] > 0 for r in status["replicas"])
@@ -45,9 +48,13 @@ def test_serve_submit_status_shutdown():
         assert sum(r["hits"] for r in status["replicas"]) > 0
         # the replicas ran the nodes through their engine loops (batching is the default)
         assert all(r["batching"] for r in status["replicas"]) and sum(r["engine_steps"] for r in status["replicas"]) > 0
-        bad = subprocess.run([sys.executable, "-m", "graphflow.cli", "status", "--address", "127.0.0.1:6379"],
-                             capture_output=True, text=True, timeout=300,
-                             env={**ENV, "RAY_AUTH_TOKEN": "not-the-token-0123456789"})  # fmt: skip
+        bad = subprocess.run(
+            [sys.executable, "-m", "graphflow.cli", "status", "--address", "127.0.0.1:6379"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**ENV, "RAY_AUTH_TOKEN": "not-the-token-0123456789"},
+        )
         assert bad.returncode == 2 and "token" in bad.stderr.splitlines()[-1]
     finally:
         stopped = _last_json(_cli("shutdown", "--address", HEAD, "--json"))

@@ -13,11 +13,30 @@ import pytest
 @pytest.mark.mpi
 def test_sweep_writes_csv_plot_and_summary(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "graphflow.cli", "sweep", "transfer-vs-recompute", "--model", "tiny-llama",
-         "--contexts", "256,1024", "--backends", "mpi", "--links", "", "--repeats", "2", "--out", str(tmp_path),
-         "--json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "graphflow.cli",
+            "sweep",
+            "transfer-vs-recompute",
+            "--model",
+            "tiny-llama",
+            "--contexts",
+            "256,1024",
+            "--backends",
+            "mpi",
+            "--links",
+            "",
+            "--repeats",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["points"] == 2 and 0 <= summary["decision_accuracy"] <= 1

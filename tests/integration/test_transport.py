@@ -34,8 +34,7 @@ def test_ucx_kv_state_between_processes():
 @pytest.mark.ucx
 def test_ucx_restricted_to_the_loopback_device(monkeypatch):
     monkeypatch.setenv("GRAPHFLOW_UCX_NET_DEVICES", "lo")
-    probe = ("from transport.ucx import UcxTransport; t = UcxTransport(); "
-             "print(t.net_devices_in_use()); t.close()")  # fmt: skip
+    probe = "from transport.ucx import UcxTransport; t = UcxTransport(); print(t.net_devices_in_use()); t.close()"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=os.environ)
     assert out.stdout.strip().splitlines()[-1] == "lo", out.stderr[-2000:]
     _assert_resumed(run_transfer_check("ucx", TransferCheck(tokens=200), timeout_s=30))  # both processes on lo

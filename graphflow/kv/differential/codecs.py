@@ -22,8 +22,16 @@ import torch
 from graphflow.kv.differential.base import rerotate_kv
 from graphflow.kv.state import RopeInfo
 
-__all__ = ["EncodedResidual", "ResidualCodec", "SparseResidual", "apply_residual", "frame0_residual",
-           "near_zero_fractions", "reconstruct", "sparsify"]  # fmt: skip
+__all__ = [
+    "EncodedResidual",
+    "ResidualCodec",
+    "SparseResidual",
+    "apply_residual",
+    "frame0_residual",
+    "near_zero_fractions",
+    "reconstruct",
+    "sparsify",
+]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -69,8 +69,14 @@ class DifferentialKV:
     """Args: ``hot`` — the path keys residuals may be learned for (``None``: every path, i.e.
     no pruning); ``reference_executions`` — exact executions averaged into one residual."""
 
-    def __init__(self, model_key: str, rope: RopeInfo, codec: ResidualCodec, hot: set[PathKey] | None = None,
-                 reference_executions: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model_key: str,
+        rope: RopeInfo,
+        codec: ResidualCodec,
+        hot: set[PathKey] | None = None,
+        reference_executions: int = 1,
+    ) -> None:
         if reference_executions < 1:
             raise ValueError(f"reference_executions must be at least 1, got {reference_executions}")
         self.model_key = model_key
@@ -112,14 +118,18 @@ class DifferentialKV:
     def add_residual(self, res: Residual) -> None:
         """Take a residual learned elsewhere; refuses one for another model or base."""
         if res.model_key != self.model_key:
-            raise IncompatibleState(f"the residual for {res.key} was computed with {res.model_key}, "
-                                    f"not {self.model_key}; relearn it with this model")  # fmt: skip
+            raise IncompatibleState(
+                f"the residual for {res.key} was computed with {res.model_key}, "
+                f"not {self.model_key}; relearn it with this model"
+            )
         base = self.bases.get(res.key.op)
         if base is None:
             raise IncompatibleState(f"no base for {res.key.op!r}; add the base before its residuals")
         if res.base_version != base.version:
-            raise IncompatibleState(f"the residual for {res.key} was computed against another version of the "
-                                    f"{res.key.op!r} template; relearn it from exact executions")  # fmt: skip
+            raise IncompatibleState(
+                f"the residual for {res.key} was computed against another version of the "
+                f"{res.key.op!r} template; relearn it from exact executions"
+            )
         self.residuals[res.key] = res
 
     def template_kv(self, key: PathKey, offset: int, mode: KVMode) -> torch.Tensor | None:

@@ -43,8 +43,9 @@ def kv_mode(name: str) -> KVMode:
 
 
 class TemplateKV:
-    def __init__(self, engine: Prefiller, mode: KVMode, codec: ResidualCodec | None = None, refs: int = 4,
-                 min_count: int = 2) -> None:  # fmt: skip
+    def __init__(
+        self, engine: Prefiller, mode: KVMode, codec: ResidualCodec | None = None, refs: int = 4, min_count: int = 2
+    ) -> None:
         if mode is KVMode.EXACT:
             raise ValueError("exact mode never rebuilds a template; run without a TemplateKV")
         if min_count < 1:
@@ -53,8 +54,13 @@ class TemplateKV:
         self.mode = mode
         self.min_count = min_count
         self.stats = PathStats()
-        self.store = DifferentialKV(engine.identity.model_key, engine.identity.rope, codec or ResidualCodec(),
-                                    hot=set(), reference_executions=refs)  # fmt: skip
+        self.store = DifferentialKV(
+            engine.identity.model_key,
+            engine.identity.rope,
+            codec or ResidualCodec(),
+            hot=set(),
+            reference_executions=refs,
+        )
         self.rebuilt = 0  # templates served from base (+ residual)
         self.learned = 0  # exact executions averaged into residuals
 
@@ -101,6 +107,11 @@ class TemplateKV:
         return tuple(out)
 
     def stats_dict(self) -> dict[str, Any]:
-        return {"kv_mode": self.mode.value, "templates_rebuilt": self.rebuilt, "executions_learned": self.learned,
-                "residuals": len(self.store.residuals), "hot_paths": len(self.store.hot or ()),
-                **{f"differential_{k}_bytes": v for k, v in self.store.nbytes().items()}}  # fmt: skip
+        return {
+            "kv_mode": self.mode.value,
+            "templates_rebuilt": self.rebuilt,
+            "executions_learned": self.learned,
+            "residuals": len(self.store.residuals),
+            "hot_paths": len(self.store.hot or ()),
+            **{f"differential_{k}_bytes": v for k, v in self.store.nbytes().items()},
+        }

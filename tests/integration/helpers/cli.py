@@ -12,8 +12,9 @@ ENV = {**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"}
 
 def cli(*args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
     """``graphflow ARGS``; with ``check`` a non-zero exit fails the test with its stderr."""
-    proc = subprocess.run([sys.executable, "-m", "graphflow.cli", *args], capture_output=True, text=True,
-                          env=ENV, timeout=timeout)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "graphflow.cli", *args], capture_output=True, text=True, env=ENV, timeout=timeout
+    )
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc

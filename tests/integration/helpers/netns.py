@@ -18,5 +18,7 @@ def namespaces_allowed() -> bool:
 def leftovers() -> dict[str, object]:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return {"namespaces": [ln for ln in netns.splitlines() if ln.startswith("gfc-node-")],
-            "links": [ln for ln in links.splitlines() if "gfc" in ln]}  # fmt: skip
+    return {
+        "namespaces": [ln for ln in netns.splitlines() if ln.startswith("gfc-node-")],
+        "links": [ln for ln in links.splitlines() if "gfc" in ln],
+    }

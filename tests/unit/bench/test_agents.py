@@ -21,9 +21,18 @@ def test_round_robin_splits_each_roots_agents_over_both_replicas(tiny_engine):
 
 
 def _report(agents: int, start: float, end: float, **parts: float) -> dict:
-    return {"agents": agents, "start": start, "end": end, "parts": parts, "tokens": [[1, 2, 3]] * agents,
-            "stored_bytes": 100 * agents, "shared_bytes": 40, "working_bytes": 70, "rss_start": 10,
-            "rss_peak": 5}  # fmt: skip
+    return {
+        "agents": agents,
+        "start": start,
+        "end": end,
+        "parts": parts,
+        "tokens": [[1, 2, 3]] * agents,
+        "stored_bytes": 100 * agents,
+        "shared_bytes": 40,
+        "working_bytes": 70,
+        "rss_start": 10,
+        "rss_peak": 5,
+    }
 
 
 def test_a_row_takes_as_start_and_the_later_end():

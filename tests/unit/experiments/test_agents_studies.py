@@ -15,12 +15,29 @@ from experiments.throughput.run import summarize as throughput_summary
 
 
 def _trial(system: str, k: int, makespan: float, rep: int = 0, roots: int = 1, tokens=None, **cols) -> dict:
-    row = {"system": system, "repeat": rep, "roots": roots, "agents_per_root": k, "agents": roots * k,
-           "generated_tokens": roots * k * 4, "makespan_s": makespan,
-           "tokens": json.dumps(tokens if tokens is not None else [[[1, 2, 3, 4]], [[5, 6, 7, 8]]])}  # fmt: skip
+    row = {
+        "system": system,
+        "repeat": rep,
+        "roots": roots,
+        "agents_per_root": k,
+        "agents": roots * k,
+        "generated_tokens": roots * k * 4,
+        "makespan_s": makespan,
+        "tokens": json.dumps(tokens if tokens is not None else [[[1, 2, 3, 4]], [[5, 6, 7, 8]]]),
+    }
     for side in ("a", "b"):
-        for key in ("busy_s", "prefill_s", "transfer_s", "rebuild_s", "agents_s", "stored_bytes", "shared_bytes",
-                    "working_bytes", "rss_growth_bytes", "rss_peak_bytes"):  # fmt: skip
+        for key in (
+            "busy_s",
+            "prefill_s",
+            "transfer_s",
+            "rebuild_s",
+            "agents_s",
+            "stored_bytes",
+            "shared_bytes",
+            "working_bytes",
+            "rss_growth_bytes",
+            "rss_peak_bytes",
+        ):
             row[f"{side}_{key}"] = cols.get(f"{side}_{key}", 0.0)
     return row
 
@@ -31,15 +48,29 @@ def _workload(k: int, scale: float = 1.0) -> list[dict]:
         _trial("text", k, 11.0 * scale),
         _trial("local", k, 6.0 * scale),
         _trial("local_holder", k, 5.0 * scale),
-        _trial("ours", k, 4.0 * scale, a_rebuild_s=0.1, a_agents_s=3.5, b_rebuild_s=0.2, b_agents_s=3.6,
-               b_transfer_s=0.2, a_stored_bytes=150.0, b_stored_bytes=150.0, a_shared_bytes=100.0,
-               b_shared_bytes=100.0, a_working_bytes=400.0),
-    ]  # fmt: skip
+        _trial(
+            "ours",
+            k,
+            4.0 * scale,
+            a_rebuild_s=0.1,
+            a_agents_s=3.5,
+            b_rebuild_s=0.2,
+            b_agents_s=3.6,
+            b_transfer_s=0.2,
+            a_stored_bytes=150.0,
+            b_stored_bytes=150.0,
+            a_shared_bytes=100.0,
+            b_shared_bytes=100.0,
+            a_working_bytes=400.0,
+        ),
+    ]
 
 
 def test_reduce_takes_medians_over_repeats_and_the_ideal_from_ours():
-    trials = [_trial("ours", 2, s, rep=i, a_rebuild_s=0.1, a_agents_s=a, b_agents_s=1.0) for i, (s, a) in
-              enumerate([(3.0, 2.0), (5.0, 2.2), (4.0, 2.4)])]  # fmt: skip
+    trials = [
+        _trial("ours", 2, s, rep=i, a_rebuild_s=0.1, a_agents_s=a, b_agents_s=1.0)
+        for i, (s, a) in enumerate([(3.0, 2.0), (5.0, 2.2), (4.0, 2.4)])
+    ]
     (row,) = reduce(trials)
     assert row["repeats"] == 3 and row["makespan_s"] == 4.0 and row["tokens_per_s"] == 2.0
     assert row["ideal_s"] == pytest.approx(2.3)  # median of max(0.1 + a, 1.0)
@@ -81,8 +112,10 @@ def test_memory_rows_check_roots_held_once_against_the_root_bytes():
 
 
 def test_throughput_summary_is_tokens_per_second_ratios():
-    trials = [_trial(s, 2, t, roots=4) for s, t in
-              (("dense", 8.0), ("text", 8.0), ("local", 4.0), ("local_holder", 5.0), ("ours", 2.0))]  # fmt: skip
+    trials = [
+        _trial(s, 2, t, roots=4)
+        for s, t in (("dense", 8.0), ("text", 8.0), ("local", 4.0), ("local_holder", 5.0), ("ours", 2.0))
+    ]
     summary = throughput_summary(reduce(trials))
     assert summary["ours_over_dense"] == {4: 4.0} and summary["ours_over_best_local"] == {4: 2.0}
     assert summary["tokens_per_s_ours"] == {4: 16.0}

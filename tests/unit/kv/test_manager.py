@@ -35,9 +35,14 @@ def _event(replica, state_id, tokens, parents=(), checksum_salt=0, operator="mat
         checksum=np.array([(k ^ checksum_salt) & 0xFFFFFFFF for k in keys], dtype=np.uint64),
     )
     state = KVState(
-        state_id, "toy", "cafe", tuple(keys), Positions(0, len(tokens), RopeInfo(1e4)),
-        Lineage(operator, tuple(parents)), Placement(replica),
-    )  # fmt: skip
+        state_id,
+        "toy",
+        "cafe",
+        tuple(keys),
+        Positions(0, len(tokens), RopeInfo(1e4)),
+        Lineage(operator, tuple(parents)),
+        Placement(replica),
+    )
     return AdmitEvent(replica, StateRecord.of(state, tokens), batch)
 
 
@@ -175,9 +180,16 @@ def test_bad_admits_leave_the_manager_unchanged(mgr):
     before = (len(mgr.catalog), mgr.used_bytes("r0"))
     # a block whose parent was never admitted
     keys = chain_keys(list(range(12)), MODEL_KEY, BT)
-    orphan = BlockBatch("r0", "o", np.array([keys[2]], np.uint64), np.array([12345], np.uint64),
-                        np.array([8], np.int32), np.array([4], np.int16), np.array([NB], np.int32),
-                        np.array([1], np.uint64))  # fmt: skip
+    orphan = BlockBatch(
+        "r0",
+        "o",
+        np.array([keys[2]], np.uint64),
+        np.array([12345], np.uint64),
+        np.array([8], np.int32),
+        np.array([4], np.int16),
+        np.array([NB], np.int32),
+        np.array([1], np.uint64),
+    )
     state = KVState("o", "toy", "cafe", (keys[2],), Positions(8, 4, RopeInfo(1e4)), Lineage("x"))
     with pytest.raises(ValueError, match="unknown parents"):
         mgr.apply([AdmitEvent("r0", StateRecord.of(state, []), orphan)], 0.0)
@@ -209,8 +221,11 @@ def test_resync_replica_after_restart_from_an_older_snapshot(mgr, tmp_path):
     keys_b = _admit(mgr, "r0", "b", list(range(8, 16)), parents=("a",))
     fresh = KVStateManager.restore(tmp_path / "snap")
     assert fresh.locate(keys_b[0]) == []  # the snapshot predates b
-    report = [_event("r0", "a", list(range(8))), _event("r0", "b", list(range(8, 16)), parents=("a",)),
-              _event("r0", "c", list(range(16, 24)), parents=("gone",))]  # fmt: skip
+    report = [
+        _event("r0", "a", list(range(8))),
+        _event("r0", "b", list(range(8, 16)), parents=("a",)),
+        _event("r0", "c", list(range(16, 24)), parents=("gone",)),
+    ]
     assert fresh.resync_replica(ReplicaInfo("r0", budget_bytes=10 * NB), report) == 3
     assert fresh.locate(keys_b[0]) == ["r0"] and fresh.ancestors("b") == ["a"]
     assert fresh.ancestors("c") == []  # a parent the manager never heard of is left out
@@ -225,8 +240,9 @@ def test_a_replica_reporting_new_bytes_for_a_key_supersedes_its_old_copy(mgr):
     _admit(mgr, "r1", "b", list(range(8)), checksum_salt=0x1234)  # another replica's own version
     _admit(mgr, "r0", "a2", list(range(8)), checksum_salt=0xABCDEF)  # r0 recomputed a dropped block
     sums = mgr.catalog.col("checksum")
-    live = {mgr.catalog.replica_name(int(mgr.catalog.col("replica")[r])): int(sums[r])
-            for r in mgr.catalog.rows_of(keys[0])}  # fmt: skip
+    live = {
+        mgr.catalog.replica_name(int(mgr.catalog.col("replica")[r])): int(sums[r]) for r in mgr.catalog.rows_of(keys[0])
+    }
     assert live == {"r0": (keys[0] ^ 0xABCDEF) & 0xFFFFFFFF, "r1": (keys[0] ^ 0x1234) & 0xFFFFFFFF}
     mgr.check_integrity()
 

@@ -26,8 +26,11 @@ def _recomputed_for_the_next_node(eviction: str) -> tuple[int, tuple[int, ...]]:
     probe = ReplicaWorker(ReplicaConfig(f"ev-{next(_names)}", "tiny-llama", 1 << 20, transport="local"))
     root_bytes = 64 * probe.kv_bytes_per_token()
     probe.transport.close()
-    w = ReplicaWorker(ReplicaConfig(f"ev-{next(_names)}", "tiny-llama", 2 * root_bytes + root_bytes // 2,
-                                    transport="local", eviction=eviction))  # fmt: skip
+    w = ReplicaWorker(
+        ReplicaConfig(
+            f"ev-{next(_names)}", "tiny-llama", 2 * root_bytes + root_bytes // 2, transport="local", eviction=eviction
+        )
+    )
     try:
         roots = {r: w.encode(f"Task of run {r}: " + "numbers to add: 3 4 5. " * 8)[:64] for r in "rqs"}
         assert all(len(t) == 64 for t in roots.values())
@@ -35,13 +38,22 @@ def _recomputed_for_the_next_node(eviction: str) -> tuple[int, tuple[int, ...]]:
         ctx = tuple(roots["r"] + tmpl)
         w.materialize("r:ROOT", roots["r"])
         # run r's first node: both of its nodes extend the root, the second is ready too
-        first = NodePlan("r:n0", ctx, 2, Option.REUSE, keep=False, local_tokens=64,
-                         template=TemplateRef("SOLVE", (), len(tmpl)), next_use=(("r:ROOT", 0),))  # fmt: skip
+        first = NodePlan(
+            "r:n0",
+            ctx,
+            2,
+            Option.REUSE,
+            keep=False,
+            local_tokens=64,
+            template=TemplateRef("SOLVE", (), len(tmpl)),
+            next_use=(("r:ROOT", 0),),
+        )
         w.run_node(first)
         w.materialize("q:ROOT", roots["q"])  # another run's root, newer than r's
         w.materialize("s:ROOT", roots["s"])  # the store is full: one root must go
-        second = NodePlan("r:n1", ctx, 4, Option.REUSE, keep=True, local_tokens=64,
-                          template=TemplateRef("SOLVE", (), len(tmpl)))  # fmt: skip
+        second = NodePlan(
+            "r:n1", ctx, 4, Option.REUSE, keep=True, local_tokens=64, template=TemplateRef("SOLVE", (), len(tmpl))
+        )
         res = w.run_node(second)
         return res.prefill_tokens, res.output_ids
     finally:
@@ -76,8 +88,15 @@ def test_served_catalog_times_advance_with_the_clock():
     ticks = itertools.count(int(c._manager.catalog.epoch_s) + 10)
     try:
         w = c.workers["replica-0"]
-        ex = WorkflowExecutor(c, Policy(PrefillModel(0.0, 1e-4, 0.0)), LinkSpec("local", 1e9, 1e-5),
-                              w.kv_bytes_per_token(), w.model_key(), 2, clock=lambda: float(next(ticks)))  # fmt: skip
+        ex = WorkflowExecutor(
+            c,
+            Policy(PrefillModel(0.0, 1e-4, 0.0)),
+            LinkSpec("local", 1e9, 1e-5),
+            w.kv_bytes_per_token(),
+            w.model_key(),
+            2,
+            clock=lambda: float(next(ticks)),
+        )
         nodes = (WorkflowNode("a", "Custom", "SOLVE"), WorkflowNode("b", "Custom", "REVIEW"))
         gs = compile_workflow(Workflow("w", "t", nodes, (("a", "b"),), ("b",)))
         task = w.encode("Ann has 3 apples and buys 4 more. How many now? " * 3)

@@ -16,7 +16,7 @@ from scheduler.policy import (
     place,
     prediction_error,
     regret,
-)  # fmt: skip
+)
 
 PM = PrefillModel(a=0.01, b=1e-4, c=1e-8)
 FAST = LinkSpec("ucx", 4e9, 50e-6)

@@ -51,8 +51,10 @@ def test_every_decoded_workflow_is_a_valid_dag(workflows, seed, threshold):
 def test_generator_shapes():
     g = WGraph.build(load_corpus())
     cands = Candidates(g)
-    for cfg in (GeneratorConfig(in_dim=16, hidden=8), GeneratorConfig(in_dim=16, hidden=8, layers=1, task_node=False,
-                                                                         task_in_mlp=False)):  # fmt: skip
+    for cfg in (
+        GeneratorConfig(in_dim=16, hidden=8),
+        GeneratorConfig(in_dim=16, hidden=8, layers=1, task_node=False, task_in_mlp=False),
+    ):
         model = WorkflowGenerator(cfg)
         out = model(torch.randn(len(g.ops), 16), torch.randn(16), cands.wgraph_index, cands.index)
         assert out.shape == (len(cands),) and bool(((out >= 0) & (out <= 1)).all())
@@ -62,8 +64,10 @@ def test_training_lowers_the_loss_and_learns_two_tasks():
     corpus = load_corpus()
     refs = references(corpus)
     planner = Planner(WGraph.build(corpus))
-    examples = [("Solve this grade-school word problem about apples.", refs["GSM8K"]),
-                ("Write a Python function that reverses a list.", refs["HumanEval"])] * 4  # fmt: skip
+    examples = [
+        ("Solve this grade-school word problem about apples.", refs["GSM8K"]),
+        ("Write a Python function that reverses a list.", refs["HumanEval"]),
+    ] * 4
     losses = imitation(planner, examples, TrainConfig(epochs=150, batch=8))
     assert losses[-1] < losses[0] / 4
     for text, ref in examples[:2]:
@@ -172,8 +176,18 @@ def test_reinforce_batches_tasks_and_scales_the_task_skips_learning_rate():
     planner.model.add_task_skip()
     before = {name: p.detach().clone() for name, p in planner.model.named_parameters()}
     torch.manual_seed(0)
-    rewards = reinforce(planner, tasks, reward, steps=1, lr=1e-3, samples=8, explore=0.3, tasks_per_step=3,
-                        task_skip=True, skip_lr_scale=30.0)  # fmt: skip
+    rewards = reinforce(
+        planner,
+        tasks,
+        reward,
+        steps=1,
+        lr=1e-3,
+        samples=8,
+        explore=0.3,
+        tasks_per_step=3,
+        task_skip=True,
+        skip_lr_scale=30.0,
+    )
     assert len(rewards) == 1 * 3 * 8
     moved = {name: float((p.detach() - before[name]).abs().max()) for name, p in planner.model.named_parameters()}
     # Adam's first step moves each parameter by about lr·sign(grad): 30 × 1e-3 for the skip's projection

@@ -40,8 +40,9 @@ def test_merge_is_a_dag_containing_every_training_workflow(corpus):
 
 
 def test_structure_includes_task_edges():
-    w = Workflow("w", "b", (WorkflowNode("a", "Custom", "SOLVE"), WorkflowNode("b", "Custom", "REVIEW")),
-                 (("a", "b"),), ("b",))  # fmt: skip
+    w = Workflow(
+        "w", "b", (WorkflowNode("a", "Custom", "SOLVE"), WorkflowNode("b", "Custom", "REVIEW")), (("a", "b"),), ("b",)
+    )
     s = structure(w)
     assert s == {(TASK, ("Custom", "SOLVE", 0)), (("Custom", "SOLVE", 0), ("Custom", "REVIEW", 1))}
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from graphflow.kv.differential.base import base_kv, residual, template_kv
-from graphflow.kv.differential.codecs import near_zero_fractions, reconstruct, sparsify  # fmt: skip
+from graphflow.kv.differential.codecs import near_zero_fractions, reconstruct, sparsify
 from graphflow.models import prompt_token_ids
 
 

@@ -32,8 +32,14 @@ def _worker(mode: str, **kw) -> ReplicaWorker:
     return w
 
 
-def _run(w: ReplicaWorker, task: str, sid: str, reuse: bool = False, path: tuple[str, ...] = ("SOLVE",),
-         template: str = TEMPLATE) -> NodePlan:  # fmt: skip
+def _run(
+    w: ReplicaWorker,
+    task: str,
+    sid: str,
+    reuse: bool = False,
+    path: tuple[str, ...] = ("SOLVE",),
+    template: str = TEMPLATE,
+) -> NodePlan:
     """A node the scheduler sent to be reconstructed (the replica decides only whether it can)."""
     tmpl = w.encode(template)
     ids = w.encode(task) + tmpl
