@@ -22,15 +22,22 @@ def up(
     ),
     delay_ms: float = typer.Option(0.0, "--delay-ms", help="One-way delay added on every node's egress."),
     cpus: int = typer.Option(2, help="Ray CPUs each node offers."),
+    no_ray: bool = typer.Option(
+        False, "--no-ray", help="Only the namespaces and links; start Ray yourself (e.g. deploy/slurm with stand-ins)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Create the namespaces, bridge and shaped links; start the Ray head and workers."""
     from graphflow.harness.cluster import ClusterSpec, cluster_up, parse_links
 
     default, pairs = parse_links(link)
-    cluster = cluster_up(ClusterSpec(nodes, default, pairs, delay_ms, cpus), say=say)
+    cluster = cluster_up(ClusterSpec(nodes, default, pairs, delay_ms, cpus), say=say, start_ray=not no_ray)
     if json_out:
-        emit(cluster.to_json())
+        emit({**cluster.to_json(), "ray_started": not no_ray})
+        return
+    if no_ray:
+        names = ", ".join(f"{n.namespace} ({n.address})" for n in cluster.nodes)
+        out.print(f"{nodes} namespaces up, no Ray started: {names}")
         return
     out.print(f"{nodes} Ray nodes up; head {cluster.head_address}")
     out.print(f"from this namespace: graphflow serve --address {cluster.client_address} --spread")

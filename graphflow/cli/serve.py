@@ -16,9 +16,18 @@ from graphflow.cli._common import emit, out, say, trace_table, user_errors
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from graphflow.workflow.shapes import fan_out_workflow
 
-__all__ = ["demo", "result_json", "serve", "shutdown", "status", "submit"]
+__all__ = ["client_address", "demo", "result_json", "serve", "shutdown", "status", "submit"]
 
 DEMO_TASK_FILES = ("gsm8k_validate.jsonl", "mbpp_validate.jsonl")
+
+
+def client_address(head: str) -> str:
+    """The ``ray://`` address clients use for a deployment whose head is ``head`` (its Ray
+    client server on port 10001, as ``graphflow serve`` and ``deploy/`` start it)."""
+    if head.startswith("ray://"):
+        return head
+    host = head.rsplit(":", 1)[0] if ":" in head else head
+    return f"ray://{host}:10001"
 
 
 def result_json(result: Any) -> dict[str, Any]:
@@ -134,7 +143,7 @@ def serve(
     cluster.share(CALIBRATION_KEY, calibration)
     info = {
         "address": head,
-        "client_address": head.replace(":6379", ":10001") if "ray://" not in head else head,
+        "client_address": client_address(head),
         "replicas": cluster.replicas,
         "placement": [{"replica": s["replica"], "node": s["node"], "host": s["host"]} for s in cluster.stats()],
         "model": model,
@@ -153,7 +162,7 @@ def serve(
         emit(info)
     else:
         out.print(f"serving {model} on {replicas} replicas; Ray head {head}")
-        out.print("submit with: RAY_AUTH_MODE=token graphflow submit --address ray://127.0.0.1:10001 --task '...'")
+        out.print(f"submit with: RAY_AUTH_MODE=token graphflow submit --address {client_address(head)} --task '...'")
     if not detach:
         import time
 

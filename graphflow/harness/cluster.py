@@ -176,8 +176,10 @@ def _check_tools() -> None:
         raise Unavailable("iproute2 (ip, tc) is not installed; apt-get install iproute2")
 
 
-def cluster_up(spec: ClusterSpec, say: object = None) -> NamespaceCluster:
-    """Create the namespaces, bridge and shaped links, then start a Ray node in each.
+def cluster_up(spec: ClusterSpec, say: object = None, start_ray: bool = True) -> NamespaceCluster:
+    """Create the namespaces, bridge and shaped links, then start a Ray node in each (with
+    ``start_ray=False`` the network only: Ray is then started by hand, e.g. by a Slurm script
+    whose ``srun`` runs commands in the nodes' namespaces; ``down`` still stops it all).
 
     Anything left from an earlier run is removed first. On any failure everything started so
     far is torn down and the error names the step."""
@@ -189,10 +191,11 @@ def cluster_up(spec: ClusterSpec, say: object = None) -> NamespaceCluster:
         _network(spec, nodes)
         log(f"network up: {spec.nodes} namespaces on {BRIDGE}")
         head = f"{nodes[0].address}:{GCS_PORT}"
-        for node in nodes:
+        for node in nodes if start_ray else ():
             _start_ray(spec, node, head)
             log(f"ray node {node.index} started in {node.namespace}")
-        _wait_nodes(nodes[0], head, spec.nodes)
+        if start_ray:
+            _wait_nodes(nodes[0], head, spec.nodes)
     except BaseException:
         cluster_down()
         raise

@@ -33,3 +33,5 @@ def test_slurm_script_is_valid_bash():
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     text = script.read_text()
     assert "RAY_AUTH_MODE=token" in text and "graphflow serve" in text
+    assert "--spread" in text and '--node-ip-address="$head_ip"' in text  # one replica per node, head reachable
+    assert "UCX_TLS=${UCX_TLS:-" in text  # a cluster without InfiniBand sets its own transports
