@@ -134,6 +134,26 @@ def replace_section(readme: Path, name: str, body: str) -> None:
     readme.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
 
 
+def publish_served(
+    here: Path, name: str, result: dict[str, Any], settings: dict[str, Any], table: str, quick: bool, as_json: bool
+) -> None:
+    """A served study's outputs: ``results/served/<name>.json`` and ``meta.json`` (under
+    ``out/quick-served/`` for ``--quick``), the README's ``served`` section from ``table`` (full
+    runs only), then the table or the JSON on stdout."""
+    folder = output_dir(here, quick, "served")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(result, indent=2))
+    module = f"experiments.{here.name}.served"
+    write_meta(
+        folder,
+        command=f"python -m {module}" + (" --quick" if quick else ""),
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()},
+    )
+    if not quick:
+        replace_section(here / "README.md", "served", table)
+    print(json.dumps(result) if as_json else table)
+
+
 def plot_main(
     doc: str | None, results: Path, csv_name: str, png_name: str, plot: Callable[[list[dict[str, str]], Path], None]
 ) -> None:

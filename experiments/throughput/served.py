@@ -11,11 +11,10 @@ committed results.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from experiments.common import add_provenance, guard_tree, output_dir, replace_section, write_meta
+from experiments.common import add_provenance, guard_tree, publish_served
 from graphflow.bench.serve import run_serve_bench
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 
@@ -115,17 +114,7 @@ def main() -> None:
         scripted=not args.no_scripted,
         say=say,
     )
-    folder = output_dir(HERE, args.quick, "served")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "bench_serve.json").write_text(json.dumps(result, indent=2))
-    write_meta(
-        folder,
-        command="python -m experiments.throughput.served" + (" --quick" if args.quick else ""),
-        **{k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
-    )
-    if not args.quick:
-        replace_section(HERE / "README.md", "served", table(result, s))
-    print(json.dumps(result) if args.json else table(result, s))
+    publish_served(HERE, "bench_serve", result, s, table(result, s), args.quick, args.json)
 
 
 if __name__ == "__main__":

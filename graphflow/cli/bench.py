@@ -169,6 +169,51 @@ def bench_prefill_cmd(
     out.print(table)
 
 
+@app.command("multi-agent")
+@user_errors
+def bench_multi_agent_cmd(
+    model: str = typer.Option("smollm2-135m", help="Model both replicas serve."),
+    agents: str = typer.Option("1,2,4,8,16", help="Comma-separated agent counts over one root."),
+    root_tokens: int = typer.Option(4096, help="The shared root context's tokens."),
+    decode: int = typer.Option(32, help="Tokens each agent generates."),
+    threads: int = typer.Option(1, help="Torch threads per replica."),
+    repeats: int = typer.Option(1, help="Trials per (agents, system); the median makespan's is kept."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """k agents over one root through the served path (embedded Ray, two replicas): ours, an
+    ideal measured on its own (the root's prefill in its own trial, then the agents on replicas
+    that all hold it, nothing moved) and dense (reuse off), same run."""
+    from graphflow.bench.multi_agent import run_multi_agent_bench
+
+    result = run_multi_agent_bench(model, ints(agents, "--agents"), root_tokens, decode, threads, repeats, say=say)
+    if json_out:
+        emit(result)
+        return
+    table = Table(
+        "agents",
+        "system",
+        "root prefill s",
+        "agents s",
+        "makespan s",
+        "bytes moved",
+        "decisions",
+        title=f"bench multi-agent: {model}, {root_tokens}-token root",
+    )
+    for r in result["rows"]:
+        table.add_row(
+            str(r["agents"]),
+            r["system"],
+            f"{r['root_prefill_s']:.2f}",
+            f"{r['agents_s']:.2f}",
+            f"{r['makespan_s']:.2f}",
+            f"{r['bytes_moved']:,}",
+            json.dumps(r["decisions"]),
+        )
+    out.print(table)
+    for k, e in result["efficiency"].items():
+        out.print(f"{k} agents: ideal ÷ ours {e:.3f}, dense ÷ ours {result['dense_over_ours'][k]:.2f}")
+
+
 @app.command("serve")
 @user_errors
 def bench_serve_cmd(

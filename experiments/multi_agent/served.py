@@ -1,0 +1,71 @@
+"""The multi-agent study through the served path, beside an ideal measured on its own.
+
+``python -m experiments.multi_agent.served [--quick] [--json] [--allow-dirty]`` runs
+:func:`graphflow.bench.multi_agent.run_multi_agent_bench` (``graphflow bench multi-agent``:
+embedded Ray, two replicas, ``connect()`` → executor → replica actors → manager → UCX) and
+writes ``results/served/bench_multi_agent.json``, ``meta.json`` and the README's served table.
+``--quick`` (a random tiny model, small sizes) writes under ``out/quick-served/`` and never
+touches committed results.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from experiments.common import add_provenance, guard_tree, publish_served
+from graphflow.bench.multi_agent import run_multi_agent_bench
+
+HERE = Path(__file__).parent
+FULL = {
+    "model": "smollm2-135m",
+    "agents": (1, 2, 4, 8, 16),
+    "root_tokens": 4096,
+    "decode": 32,
+    "threads": 1,
+    "repeats": 1,
+}
+QUICK = {**FULL, "model": "tiny-llama", "agents": (1, 4), "root_tokens": 512, "decode": 6}
+
+
+def table(result: dict[str, Any], settings: dict[str, Any]) -> str:
+    lines = [
+        "| agents | system | root prefill s | agents s | makespan s | bytes moved | decisions |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        decided = ", ".join(f"{k} {v}" for k, v in sorted(r["decisions"].items()))
+        lines.append(
+            f"| {r['agents']} | {r['system']} | {r['root_prefill_s']:.2f} | {r['agents_s']:.2f} "
+            f"| {r['makespan_s']:.2f} | {r['bytes_moved']:,} | {decided} |"
+        )
+    lines += ["", "| agents | ideal ÷ ours (efficiency) | agents' part only | dense ÷ ours |", "|---|---|---|---|"]
+    for k, e in result["efficiency"].items():
+        only, dense = result["efficiency_agents_only"][k], result["dense_over_ours"][k]
+        lines.append(f"| {k} | {e:.3f} | {only:.3f} | {dense:.2f} |")
+    lines += [
+        "",
+        f"Model {settings['model']}, {settings['root_tokens']}-token root, {settings['decode']} tokens per "
+        f"agent, {result['threads']} torch thread per replica, 2 replicas, KV over {result['transport']}.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny-llama, small sizes; writes out/quick-served/")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    add_provenance(parser)
+    args = parser.parse_args()
+    guard_tree(args.allow_dirty, args.quick)
+    s = QUICK if args.quick else FULL
+    say = (lambda _m: None) if args.json else (lambda m: print(f"… {m}", flush=True))
+    result = run_multi_agent_bench(
+        s["model"], s["agents"], s["root_tokens"], s["decode"], s["threads"], s["repeats"], say=say
+    )
+    publish_served(HERE, "bench_multi_agent", result, s, table(result, s), args.quick, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""k agents over one root context, through the served path, beside an ideal measured on its own.
+
+On an embedded deployment (``connect()`` → executor → replica actors → manager → UCX), per k,
+three trials, each on a fresh root context of ``root_tokens`` tokens (fresh, so no trial reuses
+another's blocks):
+
+* ``ours`` — the root is prefilled on ``replica-0`` (an upstream agent computing it), then the
+  k agents are submitted as one workflow and the scheduler places them: reuse on the holder, or
+  a transfer of the root's blocks to the other replica.
+* ``ideal`` — the root's prefill is timed in its own trial on ``replica-0``; then the root is
+  prefilled on every other replica too (not timed), so each replica already holds it, and the
+  same k agents run with nothing to move: ``ideal = root prefill + agents with zero
+  transfer``. A trial that moved any byte is refused (it would not be the ideal).
+* ``dense`` — the same agents with KV reuse off: each prefills the whole context itself.
+
+``makespan_s`` = root prefill (ours, ideal) + the time from the agents' submission until the
+last agent's last token; ``efficiency`` = ideal ÷ ours. Every number is measured here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from graphflow.bench.serve import HOLDER, agents_graph
+from graphflow.bench.served import PinnedAgent
+from graphflow.client import Client, connect, new_run_id
+from graphflow.workflow.compile import ROOT
+
+__all__ = ["MultiAgentBench", "MultiAgentRow", "run_multi_agent_bench"]
+
+SYSTEMS = ("ours", "ideal", "dense")
+
+
+@dataclass(frozen=True, slots=True)
+class MultiAgentRow:
+    system: str
+    agents: int
+    root_tokens: int
+    root_prefill_s: float  # 0 for dense (each agent prefills the root itself)
+    agents_s: float  # the agents' submission to the last agent's last token
+    makespan_s: float
+    generated_tokens: int
+    bytes_moved: int
+    decisions: dict[str, int]
+    replicas_used: int
+
+
+class MultiAgentBench:
+    """The trials of one deployment (see the module docstring)."""
+
+    def __init__(self, client: Client, say: Callable[[str], None] = lambda _m: None) -> None:
+        self.client = client
+        self.say = say
+        self.contexts = PinnedAgent(client)
+
+    def trial(self, system: str, agents: int, root_tokens: int) -> MultiAgentRow:
+        """One trial of ``system`` (``ours``, ``ideal`` or ``dense``) with ``agents`` agents."""
+        if system not in SYSTEMS:
+            raise ValueError(f"unknown system {system!r}; use {', '.join(SYSTEMS)}")
+        ex = self.client.executor
+        root = self.contexts.context(root_tokens)
+        prefill_s = 0.0
+        if system != "dense":
+            begin = time.perf_counter()
+            ex.materialize_root(f"upstream-{new_run_id()}", root, HOLDER)
+            prefill_s = time.perf_counter() - begin
+        if system == "ideal":
+            for other in self.client.cluster.replicas:
+                if other != HOLDER:  # NOTE: not timed: each replica already holds the root
+                    ex.materialize_root(f"upstream-{new_run_id()}", root, other)
+        graph = agents_graph(agents)
+        begin = time.perf_counter()
+        got = ex.run(graph, root, new_run_id(), reuse=system != "dense", pin={ROOT: HOLDER})
+        agents_s = time.perf_counter() - begin
+        traces = got.nodes
+        if system == "ideal" and got.bytes_moved:
+            raise RuntimeError(f"the ideal trial moved {got.bytes_moved} bytes; it must move none")
+        decisions: dict[str, int] = {}
+        for t in traces:
+            decisions[t.decision] = decisions.get(t.decision, 0) + 1
+        generated = sum(len(out) for out in got.outputs.values())
+        return MultiAgentRow(
+            system,
+            agents,
+            root_tokens,
+            prefill_s,
+            agents_s,
+            prefill_s + agents_s,
+            generated,
+            got.bytes_moved,
+            decisions,
+            len({t.replica for t in traces}),
+        )
+
+
+def summarize(rows: Sequence[MultiAgentRow]) -> dict[str, Any]:
+    """Rows plus, per k, ideal ÷ ours (efficiency: makespans, the root's prefill included, as
+    the ideal is defined), the same over the agents' part alone, and dense ÷ ours."""
+    by = {(r.agents, r.system): r for r in rows}
+    ks = sorted({r.agents for r in rows})
+    eff = {k: by[k, "ideal"].makespan_s / by[k, "ours"].makespan_s for k in ks if (k, "ideal") in by}
+    agents_only = {k: by[k, "ideal"].agents_s / by[k, "ours"].agents_s for k in ks if (k, "ideal") in by}
+    dense = {k: by[k, "dense"].makespan_s / by[k, "ours"].makespan_s for k in ks if (k, "dense") in by}
+    return {
+        "rows": [asdict(r) for r in rows],
+        "efficiency": eff,
+        "efficiency_agents_only": agents_only,
+        "dense_over_ours": dense,
+        "efficiency_min": min(eff.values()) if eff else None,
+    }
+
+
+def run_multi_agent_bench(
+    model: str,
+    agents: Sequence[int],
+    root_tokens: int,
+    decode: int,
+    threads: int = 0,
+    repeats: int = 1,
+    say: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
+    """Every system at every k on one fresh two-replica embedded deployment (after a warm-up
+    trial); with ``repeats`` > 1 the trial of median makespan is kept per (k, system)."""
+    if not agents or min(agents) < 1 or min(root_tokens, decode, repeats) < 1:
+        raise ValueError("--agents, --root-tokens, --decode and --repeats must all be at least 1")
+    say(f"starting 2 replicas of {model}")
+    client = connect(model=model, replicas=2, decode_steps=decode, threads=threads, capacity_mib=2048)
+    bench = MultiAgentBench(client, say)
+    bench.trial("ours", 2, min(root_tokens, 256))  # warm-up: both replicas have run a node
+    rows = []
+    for k in agents:
+        for system in SYSTEMS:
+            say(f"{k} agents: {system}")
+            tries = sorted((bench.trial(system, k, root_tokens) for _ in range(repeats)), key=lambda r: r.makespan_s)
+            rows.append(tries[len(tries) // 2])
+    out = summarize(rows)
+    out["threads"] = int(client.status()[0]["threads"])
+    out["transport"] = str(client.status()[0]["transport"])
+    return out

@@ -1,0 +1,38 @@
+"""``graphflow bench multi-agent`` end to end on a tiny model (embedded Ray, two replicas)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.helpers.cli import cli, last_json
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def test_ours_ideal_and_dense_run_through_the_served_path():
+    got = last_json(
+        cli(
+            "bench",
+            "multi-agent",
+            "--model",
+            "tiny-llama",
+            "--agents",
+            "1,3",
+            "--root-tokens",
+            "1024",
+            "--decode",
+            "4",
+            "--json",
+            timeout=900,
+        )
+    )
+    rows = {(r["agents"], r["system"]): r for r in got["rows"]}
+    assert set(rows) == {(k, s) for k in (1, 3) for s in ("ours", "ideal", "dense")}
+    for (k, system), r in rows.items():
+        assert r["generated_tokens"] == 4 * k and r["makespan_s"] > 0
+        assert (r["root_prefill_s"] > 0) == (system != "dense")
+    for k in (1, 3):
+        assert rows[k, "ideal"]["bytes_moved"] == 0  # the ideal moves nothing by construction
+        assert "reuse" in rows[k, "ideal"]["decisions"] and "recompute" in rows[k, "dense"]["decisions"]
+    assert set(got["efficiency"]) == {"1", "3"} and all(e > 0 for e in got["efficiency"].values())
+    assert got["transport"] == "ucx"

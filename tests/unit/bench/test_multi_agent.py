@@ -1,0 +1,22 @@
+import pytest
+
+from graphflow.bench.multi_agent import MultiAgentRow, summarize
+
+
+def _row(system: str, k: int, prefill: float, agents: float) -> MultiAgentRow:
+    return MultiAgentRow(system, k, 512, prefill, agents, prefill + agents, 4 * k, 0, {"reuse": k}, 1)
+
+
+def test_efficiency_is_the_ideal_over_ours_with_and_without_the_roots_prefill():
+    rows = [
+        _row("ours", 2, 1.0, 3.0),
+        _row("ideal", 2, 1.0, 2.0),
+        _row("dense", 2, 0.0, 8.0),
+        _row("ours", 4, 1.0, 4.0),
+    ]
+    got = summarize(rows)
+    assert got["efficiency"] == {2: pytest.approx(3.0 / 4.0)}
+    assert got["efficiency_agents_only"] == {2: pytest.approx(2.0 / 3.0)}
+    assert got["dense_over_ours"] == {2: pytest.approx(2.0)}
+    assert got["efficiency_min"] == pytest.approx(0.75)
+    assert [r["system"] for r in got["rows"]] == ["ours", "ideal", "dense", "ours"]
