@@ -25,6 +25,7 @@ from experiments.common import (
     write_csv,
     write_meta,
 )
+from graphflow.bench.agents import AgentsPlan
 from graphflow.harness.launch import run_two_processes
 
 __all__ = ["SYSTEM_LABELS", "Study", "by_system", "ideal_s", "reduce", "run_agents", "same_tokens", "study_main"]
@@ -50,26 +51,8 @@ def run_agents(
     systems: Sequence[str] = tuple(SYSTEM_LABELS),
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """All trials (A's rows, both replicas' columns) and A's metadata (root prefill time, …)."""
-    job = [
-        "--job",
-        "agents",
-        "--model",
-        model,
-        "--root-tokens",
-        str(root_tokens),
-        "--workloads",
-        ",".join(f"{r}x{a}" for r, a in workloads),
-        "--suffix",
-        str(suffix),
-        "--decode",
-        str(decode),
-        "--repeats",
-        str(repeats),
-        "--systems",
-        ",".join(systems),
-        "--timeout",
-        "1800",
-    ]
+    plan = AgentsPlan(model, root_tokens, list(workloads), suffix, decode, tuple(systems), repeats)
+    job = [*plan.args(), "--timeout", "1800"]
     holder, _ = run_two_processes("ucx", job, timeout_s=4 * 3600)
     meta = {k: v for k, v in holder.items() if k != "trials"}
     return holder["trials"], meta

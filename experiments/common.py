@@ -134,6 +134,21 @@ def replace_section(readme: Path, name: str, body: str) -> None:
     readme.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
 
 
+def served_args(
+    doc: str | None, configure: Callable[[argparse.ArgumentParser], None] = lambda _p: None
+) -> argparse.Namespace:
+    """A served study's command line (``--quick``, ``--json``, ``--allow-dirty`` and whatever
+    ``configure`` adds), parsed, with the tree checked (:func:`guard_tree`)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny-llama, small sizes; writes out/quick-served/")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    configure(parser)
+    add_provenance(parser)
+    args = parser.parse_args()
+    guard_tree(args.allow_dirty, args.quick)
+    return args
+
+
 def publish_served(
     here: Path, name: str, result: dict[str, Any], settings: dict[str, Any], table: str, quick: bool, as_json: bool
 ) -> None:

@@ -10,11 +10,10 @@ committed results.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
-from experiments.common import add_provenance, guard_tree, publish_served
+from experiments.common import publish_served, served_args
 from graphflow.bench.serve import run_serve_bench
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 
@@ -89,13 +88,9 @@ def table(result: dict[str, Any], settings: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="tiny-llama, small sizes; writes out/quick-served/")
-    parser.add_argument("--no-scripted", action="store_true", help="skip the scripted agents job")
-    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
-    add_provenance(parser)
-    args = parser.parse_args()
-    guard_tree(args.allow_dirty, args.quick)
+    args = served_args(
+        __doc__, lambda p: p.add_argument("--no-scripted", action="store_true", help="skip the scripted agents job")
+    )
     s = QUICK if args.quick else FULL
     say = (lambda _m: None) if args.json else (lambda m: print(f"… {m}", flush=True))
     result = run_serve_bench(

@@ -68,6 +68,30 @@ class AgentsPlan:
     repeats: int = 1
     threads: int = 1
 
+    def args(self) -> list[str]:
+        """The plan as ``graphflow.harness.pair --job agents`` takes it."""
+        loads = ",".join(f"{r}x{a}" for r, a in self.workloads)
+        return [
+            "--job",
+            "agents",
+            "--model",
+            self.model,
+            "--root-tokens",
+            str(self.root_tokens),
+            "--workloads",
+            loads,
+            "--suffix",
+            str(self.suffix_tokens),
+            "--decode",
+            str(self.decode_tokens),
+            "--systems",
+            ",".join(self.systems),
+            "--repeats",
+            str(self.repeats),
+            "--threads",
+            str(self.threads),
+        ]
+
 
 @dataclass(slots=True)
 class _Side:

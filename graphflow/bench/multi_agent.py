@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from graphflow.bench.serve import HOLDER, agents_graph
+from graphflow.bench.serve import HOLDER, agents_graph, decision_counts
 from graphflow.bench.served import PinnedAgent
 from graphflow.client import Client, connect, new_run_id
 from graphflow.workflow.compile import ROOT
@@ -78,9 +78,7 @@ class MultiAgentBench:
         traces = got.nodes
         if system == "ideal" and got.bytes_moved:
             raise RuntimeError(f"the ideal trial moved {got.bytes_moved} bytes; it must move none")
-        decisions: dict[str, int] = {}
-        for t in traces:
-            decisions[t.decision] = decisions.get(t.decision, 0) + 1
+        decisions = decision_counts(traces)
         generated = sum(len(out) for out in got.outputs.values())
         return MultiAgentRow(
             system,
@@ -137,6 +135,6 @@ def run_multi_agent_bench(
             tries = sorted((bench.trial(system, k, root_tokens) for _ in range(repeats)), key=lambda r: r.makespan_s)
             rows.append(tries[len(tries) // 2])
     out = summarize(rows)
-    out["threads"] = int(client.status()[0]["threads"])
-    out["transport"] = str(client.status()[0]["transport"])
+    first = client.status()[0]
+    out["threads"], out["transport"] = int(first["threads"]), str(first["transport"])
     return out

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import torch
 
 from graphflow.bench.transport_pair import BenchPlan, blocks_for
+from graphflow.harness.rendezvous import write_result
 from transport.pool import TensorPool
 
 __all__ = ["PEERS", "peer_columns", "run_peer"]
@@ -51,22 +52,7 @@ def run_peer(peer: str, plan: BenchPlan, timeout_s: float = 1800) -> dict[str, A
 
     if peer not in PEERS:
         raise ValueError(f"unknown peer {peer!r}; use {', '.join(PEERS)}")
-    args = [
-        "--peer",
-        peer,
-        "--sizes",
-        ",".join(map(str, plan.sizes)),
-        "--block-bytes",
-        str(plan.block_bytes),
-        "--iters",
-        str(plan.iters),
-        "--warmup",
-        str(plan.warmup),
-        "--repeats",
-        str(plan.repeats),
-        "--timeout",
-        str(timeout_s),
-    ]
+    args = ["--peer", peer, *plan.args(), "--timeout", str(timeout_s)]
     holder, reader = run_module_pair(__name__, args, timeout_s)
     for side in (reader, holder):
         if "unavailable" in side:
@@ -297,9 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     plan = BenchPlan([int(s) for s in a.sizes.split(",")], a.block_bytes, a.iters, a.warmup, a.repeats)
     folder = Path(a.rendezvous)
     result = _side(a.peer, a.role, folder, plan, a.timeout)
-    tmp = folder / f".result{a.role}.json"
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, folder / f"result{a.role}.json")
+    write_result(folder, a.role, result)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # NOTE: NIXL 1.5.1 segfaults in the interpreter's teardown here, after a clean close()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -33,7 +34,7 @@ from graphflow.runtime.executor import NodeTrace, RunResult
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from graphflow.workflow.compile import ROOT, ExecGraph, ExecNode
 
-__all__ = ["HolRow", "MemoryRow", "ServeBench", "ServeRow", "agents_graph", "percentile"]
+__all__ = ["HolRow", "MemoryRow", "ServeBench", "ServeRow", "agents_graph", "decision_counts", "percentile"]
 
 HOLDER = "graphflow-replica-0"
 
@@ -143,9 +144,7 @@ class ServeBench:
         agent_traces = [t for r in runs for t in r.nodes if t.node != ROOT]
         generated = sum(len(out) for r in runs for out in r.outputs.values())
         ttfts = [t.first_token_s for t in agent_traces]
-        decisions: dict[str, int] = {}
-        for t in agent_traces:
-            decisions[t.decision] = decisions.get(t.decision, 0) + 1
+        decisions = decision_counts(agent_traces)
         growth, kv = self._memory_growth(), sum(int(s["used_bytes"]) for s in self.client.status())
         steps, rows = (after - before for after, before in zip(self._engine_counts(), steps_before, strict=True))
         return ServeRow(
@@ -241,6 +240,11 @@ class ServeBench:
         return sum(max(0, self._peak(r) - self._start[r]) for r in self.replicas)
 
 
+def decision_counts(traces: Sequence[NodeTrace]) -> dict[str, int]:
+    """How many nodes took each decision (``reuse``, ``transfer``, …)."""
+    return dict(Counter(t.decision for t in traces))
+
+
 def _agent(result: RunResult) -> NodeTrace:
     return next(t for t in result.nodes if t.node != ROOT)
 
@@ -248,28 +252,11 @@ def _agent(result: RunResult) -> NodeTrace:
 def scripted_tokens_per_s(model: str, root_tokens: int, workflows: int, suffix: int, decode: int) -> float:
     """The scripted two-process agents job (``graphflow.bench.agents``, system ``ours``: batched
     decode, roots moved over UCX; not the served path) on the same workload, for comparison."""
+    from graphflow.bench.agents import AgentsPlan
     from graphflow.harness.launch import run_two_processes
 
-    job = [
-        "--job",
-        "agents",
-        "--model",
-        model,
-        "--root-tokens",
-        str(root_tokens),
-        "--workloads",
-        f"{workflows}x2",
-        "--suffix",
-        str(suffix),
-        "--decode",
-        str(decode),
-        "--repeats",
-        "1",
-        "--systems",
-        "ours",
-        "--timeout",
-        "1800",
-    ]
+    plan = AgentsPlan(model, root_tokens, [(workflows, 2)], suffix, decode, ("ours",), 1)
+    job = [*plan.args(), "--timeout", "1800"]
     holder, _ = run_two_processes("ucx", job, timeout_s=3600)
     trial = holder["trials"][0]
     return float(trial["generated_tokens"]) / float(trial["makespan_s"])

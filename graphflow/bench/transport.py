@@ -199,22 +199,7 @@ def bench_transport(
         elif backend in ("ucx", "mpi"):
             from graphflow.harness.launch import run_two_processes
 
-            args = [
-                "--job",
-                "bench",
-                "--sizes",
-                ",".join(map(str, plan.sizes)),
-                "--block-bytes",
-                str(plan.block_bytes),
-                "--iters",
-                str(plan.iters),
-                "--warmup",
-                str(plan.warmup),
-                "--repeats",
-                str(plan.repeats),
-                "--timeout",
-                "120",
-            ]
+            args = ["--job", "bench", *plan.args(), "--timeout", "120"]
             rows += run_two_processes(backend, args, timeout_s=1800)[0]
         else:
             raise ValueError(f"unknown backend {backend!r}; use ucx, mpi, ray or local")

@@ -48,6 +48,21 @@ class BenchPlan:
     warmup: int = 2
     repeats: int = 3
 
+    def args(self) -> list[str]:
+        """The plan as the two-process entry points take it (``harness.pair``, ``bench.peers``)."""
+        return [
+            "--sizes",
+            ",".join(map(str, self.sizes)),
+            "--block-bytes",
+            str(self.block_bytes),
+            "--iters",
+            str(self.iters),
+            "--warmup",
+            str(self.warmup),
+            "--repeats",
+            str(self.repeats),
+        ]
+
 
 def blocks_for(size: int, block_bytes: int) -> tuple[list[BlockHeader], list[torch.Tensor]]:
     """Deterministic uint8 blocks totalling ``size`` bytes (the last one may be smaller)."""

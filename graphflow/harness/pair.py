@@ -8,13 +8,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from graphflow.harness.rendezvous import exchange_addresses
+from graphflow.harness.rendezvous import exchange_addresses, write_result
 from transport.base import TransportConfig
 from transport.registry import create
 
@@ -100,9 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_pair(transport, args.role, peer, plan)
     finally:
         transport.close()
-    tmp = folder / f".result{args.role}.json"
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, folder / f"result{args.role}.json")
+    write_result(folder, args.role, result)
     return 0
 
 

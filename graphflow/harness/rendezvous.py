@@ -6,10 +6,13 @@ processes uses this instead: each writes its address atomically and waits for th
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["exchange_addresses"]
+__all__ = ["exchange_addresses", "write_result"]
 
 
 def exchange_addresses(folder: Path, role: int, address: str, timeout_s: float = 120.0) -> str:
@@ -26,3 +29,10 @@ def exchange_addresses(folder: Path, role: int, address: str, timeout_s: float =
             raise TimeoutError(f"the peer process did not publish its address in {folder} within {timeout_s:g} s")
         time.sleep(0.01)
     return theirs.read_text()
+
+
+def write_result(folder: Path, role: int, result: Any) -> None:
+    """``folder/result{role}.json``, written atomically (the launcher reads it once the process exits)."""
+    tmp = folder / f".result{role}.json"
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, folder / f"result{role}.json")

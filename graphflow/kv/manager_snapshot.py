@@ -8,7 +8,6 @@ replica's holdings (``KVStateManager.resync_replica``).
 
 from __future__ import annotations
 
-import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +18,7 @@ from graphflow.kv.catalog import Catalog
 from graphflow.kv.events import ReplicaInfo, StateRecord
 from graphflow.kv.state_table import read_states, write_states
 
-__all__ = ["Snapshot", "SnapshotPacer", "load_or_why", "read_snapshot", "write_snapshot"]
+__all__ = ["Snapshot", "SnapshotPacer", "read_snapshot", "write_snapshot"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,20 +66,6 @@ def read_snapshot(folder: str | Path) -> Snapshot:
         raise ValueError(f"no manager snapshot in {folder}; start from an empty manager instead")
     records, replicas, block_tokens = read_states(folder / "states.parquet")
     return Snapshot(Catalog.read_parquet(folder / "catalog.parquet"), records, replicas, block_tokens)
-
-
-def load_or_why(load: Callable[[], object], folder: str | Path) -> str:
-    """Run ``load`` (a manager's ``load_snapshot`` of ``folder``, local or remote); ``""`` when
-    it loaded, else why the manager starts empty instead (also logged as a warning): the
-    replicas' re-reported holdings then rebuild what it knows."""
-    try:
-        load()
-    except ValueError as exc:  # NOTE: a Ray task error wrapping a ValueError is one too
-        lines = [ln for ln in str(getattr(exc, "cause", None) or exc).splitlines() if ln.strip()]
-        why = f"manager snapshot in {folder} not loaded ({lines[0] if lines else type(exc).__name__}); starting empty"
-        logging.getLogger("graphflow").warning(why)
-        return why
-    return ""
 
 
 class SnapshotPacer:

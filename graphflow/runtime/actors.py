@@ -22,8 +22,7 @@ import ray
 from graphflow.kv.differential.template_kv import kv_mode as kv_mode_of
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
-from graphflow.kv.manager_snapshot import load_or_why
-from graphflow.runtime.errors import Unavailable
+from graphflow.runtime.errors import Unavailable, load_or_why
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["Unavailable", "error_message", "root_cause"]
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["Unavailable", "error_message", "load_or_why", "root_cause"]
 
 
 class Unavailable(Exception):
@@ -25,3 +29,16 @@ def error_message(exc: BaseException) -> str:
     cause = root_cause(exc)
     lines = [ln for ln in str(cause).splitlines() if ln.strip()]
     return lines[0] if lines else type(cause).__name__
+
+
+def load_or_why(load: Callable[[], object], folder: str | Path) -> str:
+    """Run ``load`` (a manager's ``load_snapshot`` of ``folder``, local or remote); ``""`` when
+    it loaded, else why the manager starts empty instead (also logged as a warning): the
+    replicas' re-reported holdings then rebuild what it knows."""
+    try:
+        load()
+    except ValueError as exc:  # NOTE: a Ray task error wrapping a ValueError is one too
+        why = f"manager snapshot in {folder} not loaded ({error_message(exc)}); starting empty"
+        logging.getLogger("graphflow").warning(why)
+        return why
+    return ""

@@ -9,7 +9,7 @@ from typing import Any
 
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
-from graphflow.kv.manager_snapshot import load_or_why
+from graphflow.runtime.errors import load_or_why
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 
 __all__ = ["LocalCluster", "ReplicaUnavailable"]
