@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from graphflow.runtime.executor import RunResult, WorkflowExecutor
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
+from graphflow.runtime.stats import ReplicaStats
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import Workflow
 from scheduler.calibrate import fit_linear, fit_link, fit_prefill
@@ -94,7 +95,7 @@ def calibrate_cluster(cluster: Any) -> Calibration:
     prefill = fit_prefill(cluster.get(cluster.call(r0, "prefill_seconds", grid)))
     bpt = cluster.get(cluster.call(r0, "kv_bytes_per_token"))
     model_key = cluster.get(cluster.call(r0, "model_key"))
-    mode = cluster.get(cluster.call(r0, "stats"))["kv_mode"]
+    mode = cluster.get(cluster.call(r0, "stats")).kv_mode
     costs = cluster.get(cluster.call(r0, "cost_samples", [n for n in CALIBRATION_RESUME_TOKENS if n in grid]))
     reconstruct = fit_linear(costs["reconstruct"]) if mode != "exact" else None
     pairs = {(a, b): measure_pair(cluster, a, b) for a in cluster.replicas for b in cluster.replicas if a != b}
@@ -132,12 +133,12 @@ class Client:
         task_ids = self.cluster.get(self.cluster.call(self.cluster.replicas[0], "encode", task))
         return self.executor.run(compile_workflow(workflow), task_ids, new_run_id(), reuse=reuse, pin=pin)
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> list[ReplicaStats]:
         return self.cluster.stats()
 
     def served_model(self, wanted: str = "") -> str:
         """The model this deployment serves; ``ValueError`` when ``wanted`` is set and differs."""
-        served = str(self.status()[0]["model"])
+        served = self.status()[0].model
         if wanted and wanted != served:
             raise ValueError(f"this deployment serves {served!r}, not {wanted!r}; use one that serves {wanted}")
         return served

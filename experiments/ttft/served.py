@@ -40,7 +40,7 @@ def served_rows(model: str, contexts: list[int], repeats: int, threads: int, cap
     )
     try:
         agent = PinnedAgent(client)
-        stats = {s["replica"]: s for s in client.status()}
+        stats = {s.replica: s for s in client.status()}
         rows = []
         for n in contexts:
             parts: dict[str, list[float]] = {
@@ -72,10 +72,10 @@ def served_rows(model: str, contexts: list[int], repeats: int, threads: int, cap
             )
         return {
             "rows": rows,
-            "threads": {r: s["threads"] for r, s in stats.items()},
-            "prefaulted_bytes": {r: s["prefaulted_bytes"] for r, s in stats.items()},
+            "threads": {r: s.threads for r, s in stats.items()},
+            "prefaulted_bytes": {r: s.prefaulted_bytes for r, s in stats.items()},
             "link_bandwidth_bytes_per_s": client.executor.links.link(HOLDER, AGENT).bandwidth_bytes_per_s,
-            "transport": stats[AGENT]["transport"],
+            "transport": stats[AGENT].transport,
         }
     finally:
         client.cluster.shutdown()

@@ -136,5 +136,5 @@ def run_multi_agent_bench(
             rows.append(tries[len(tries) // 2])
     out = summarize(rows)
     first = client.status()[0]
-    out["threads"], out["transport"] = int(first["threads"]), str(first["transport"])
+    out["threads"], out["transport"] = first.threads, first.transport
     return out

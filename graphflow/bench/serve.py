@@ -145,7 +145,7 @@ class ServeBench:
         generated = sum(len(out) for r in runs for out in r.outputs.values())
         ttfts = [t.first_token_s for t in agent_traces]
         decisions = decision_counts(agent_traces)
-        growth, kv = self._memory_growth(), sum(int(s["used_bytes"]) for s in self.client.status())
+        growth, kv = self._memory_growth(), sum(s.used_bytes for s in self.client.status())
         steps, rows = (after - before for after, before in zip(self._engine_counts(), steps_before, strict=True))
         return ServeRow(
             self.batching,
@@ -221,7 +221,7 @@ class ServeBench:
     def _engine_counts(self) -> tuple[int, int]:
         """(engine steps, forward rows) the replicas' loops have run so far."""
         stats = self.client.status()
-        return sum(int(s["engine_steps"]) for s in stats), sum(int(s["engine_rows"]) for s in stats)
+        return sum(s.engine_steps for s in stats), sum(s.engine_rows for s in stats)
 
     # ---- replica memory ------------------------------------------------------------------
     def _reset_memory(self, replica: str = "") -> int:

@@ -70,4 +70,4 @@ class PinnedAgent:
 
     def hosts(self) -> dict[str, Any]:
         """Each replica's host, as the deployment reports it."""
-        return {s["replica"]: s["host"] for s in self.client.status()}
+        return {s.replica: s.host for s in self.client.status()}

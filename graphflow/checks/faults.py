@@ -244,14 +244,14 @@ class FaultSuite:
         self.deploy(fresh=True)
         for i, t in enumerate(tasks):
             self.executor().run(self.graph, self.ids[t], f"faults-ws-{i}")
-        working_set = max(s["peak_bytes"] for s in self.cluster.stats())
+        working_set = max(s.peak_bytes for s in self.cluster.stats())
         budget = working_set // 2
         self.deploy(budget, fresh=True)
         results = [self.executor().run(self.graph, self.ids[t], f"faults-mem-{i}") for i, t in enumerate(tasks)]
         stats = self.cluster.stats()
-        within = all(s["peak_bytes"] <= s["capacity_bytes"] == budget for s in stats)
+        within = all(s.peak_bytes <= s.capacity_bytes == budget for s in stats)
         ok = within and all(self.correct(t, r) for t, r in zip(tasks, results, strict=True))
-        peaks = ", ".join(f"{s['replica']} peak {s['peak_bytes'] / 2**20:.1f} MiB" for s in stats)
+        peaks = ", ".join(f"{s.replica} peak {s.peak_bytes / 2**20:.1f} MiB" for s in stats)
         detail = f"working set {working_set / 2**20:.1f} MiB, budget {budget / 2**20:.1f} MiB; {peaks}"
         self.deploy(fresh=True)  # back to full budgets for what follows
         return ScenarioResult("memory-pressure", True, ok, detail)

@@ -183,7 +183,7 @@ def check_e2e(
     ) * context_repeats
     exact = client.run(task, wf)
     plain = client.run(task, wf, reuse=False)
-    transports = sorted({s["transport"] for s in client.status()})
+    transports = sorted({s.transport for s in client.status()})
     result = {
         "outputs_identical": exact.outputs == plain.outputs,
         "bytes_moved": exact.bytes_moved,

@@ -145,7 +145,7 @@ def serve(
         "address": head,
         "client_address": client_address(head),
         "replicas": cluster.replicas,
-        "placement": [{"replica": s["replica"], "node": s["node"], "host": s["host"]} for s in cluster.stats()],
+        "placement": [{"replica": s.replica, "node": s.node, "host": s.host} for s in cluster.stats()],
         "model": model,
         "kv_mode": kv_mode,
         "snapshot_dir": snapshots,
@@ -212,7 +212,7 @@ def status(
     stats = cluster.stats()
     nodes = cluster.nodes()
     if json_out:
-        emit({"replicas": stats, "lost": cluster.lost, "nodes": nodes})
+        emit({"replicas": [s.to_json() for s in stats], "lost": cluster.lost, "nodes": nodes})
         return
     table = Table(
         "replica",
@@ -231,18 +231,18 @@ def status(
     )
     for s in stats:
         table.add_row(
-            s["replica"],
-            s["model"],
-            s.get("transport", ""),
-            s.get("host", ""),
-            s.get("device", ""),
-            str(s["blocks"]),
-            str(s["states"]),
-            f"{s['used_bytes'] / 2**20:.1f}",
-            f"{s['peak_bytes'] / 2**20:.1f}",
-            f"{s['capacity_bytes'] / 2**20:.0f}",
-            str(s.get("hits", 0)),
-            f"{s.get('hit_rate', 0.0):.0%}",
+            s.replica,
+            s.model,
+            s.transport,
+            s.host,
+            s.device,
+            str(s.blocks),
+            str(s.states),
+            f"{s.used_bytes / 2**20:.1f}",
+            f"{s.peak_bytes / 2**20:.1f}",
+            f"{s.capacity_bytes / 2**20:.0f}",
+            str(s.prefix.hits),
+            f"{s.prefix.hit_rate:.0%}",
         )
     out.print(table)
     gone = [n["host"] or n["node"][:12] for n in nodes if not n["alive"]]
@@ -328,7 +328,7 @@ def demo(
                 "outputs_identical": on.outputs == off.outputs,
             }
         )
-    transport = sorted({s["transport"] for s in client.status()})
+    transport = sorted({s.transport for s in client.status()})
     if json_out:
         emit({"model": model, "replicas": replicas, "transport": ",".join(transport), "runs": summary})
         return

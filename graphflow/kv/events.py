@@ -19,6 +19,7 @@ __all__ = [
     "EvictEvent",
     "EvictionPlan",
     "NodeLookup",
+    "PrefixHits",
     "PrefixMatch",
     "RecoveryPlan",
     "RecoveryStep",
@@ -101,6 +102,16 @@ class TemplateEvent:
 
     replica: str
     holdings: tuple[TemplateHolding, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHits:
+    """One replica's share of the manager's prefix lookups: those it answered best, their
+    fraction of all lookups, and the tokens they matched."""
+
+    hits: int = 0
+    hit_rate: float = 0.0
+    hit_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

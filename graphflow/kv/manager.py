@@ -26,6 +26,7 @@ from graphflow.kv.events import (
     EvictEvent,
     EvictionPlan,
     NodeLookup,
+    PrefixHits,
     PrefixMatch,
     RecoveryPlan,
     RecoveryStep,
@@ -363,16 +364,11 @@ class KVStateManager:
                 out.append((key, info.node, replica, info.device))
         return out
 
-    def hit_stats(self) -> dict[str, dict[str, float]]:
+    def hit_stats(self) -> dict[str, PrefixHits]:
         """Per replica: prefix lookups it answered best, their share of all lookups, tokens matched."""
-        return {
-            r: {
-                "hits": self._hits.get(r, 0),
-                "hit_rate": self._hits.get(r, 0) / max(1, self._lookups),
-                "hit_tokens": self._hit_tokens.get(r, 0),
-            }
-            for r in self._replicas
-        }
+        lookups = max(1, self._lookups)
+        hits = {r: self._hits.get(r, 0) for r in self._replicas}
+        return {r: PrefixHits(n, n / lookups, self._hit_tokens.get(r, 0)) for r, n in hits.items()}
 
     def states_owning(self, keys: Sequence[int], replica: str) -> list[str]:
         """States that admitted the replica's copies of ``keys`` (sorted, unique)."""

@@ -25,6 +25,7 @@ from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.errors import Unavailable, load_or_why
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
+from graphflow.runtime.stats import ReplicaStats
 
 __all__ = [
     "BOARD_NAME",
@@ -127,7 +128,7 @@ class ReplicaActor(ReplicaWorker):
         return super().queue_length()
 
     @ray.method(concurrency_group=STATUS_GROUP)
-    def stats(self) -> dict[str, Any]:  # type: ignore[override]
+    def stats(self) -> ReplicaStats:  # type: ignore[override]
         return super().stats()
 
 
@@ -434,7 +435,7 @@ class RayCluster:
     def share(self, key: str, value: Any) -> None:
         self.ray.get(self._board.put.remote(key, value))
 
-    def stats(self) -> list[dict[str, Any]]:
+    def stats(self) -> list[ReplicaStats]:
         """Replica memory, blocks, transport and node, with the manager's prefix-hit counts."""
         from ray.exceptions import RayActorError
 
@@ -446,7 +447,7 @@ class RayCluster:
                 self.drop_replica(r)
                 self.lost.append(r)
         hits = self.manager("hit_stats")
-        return [{**s, **hits.get(s["replica"], {})} for s in stats]
+        return [s.with_hits(hits[s.replica]) if s.replica in hits else s for s in stats]
 
     def nodes(self) -> list[dict[str, Any]]:
         """The Ray cluster's nodes: id, address, alive, and which replicas it runs."""

@@ -11,6 +11,7 @@ from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.errors import load_or_why
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
+from graphflow.runtime.stats import ReplicaStats
 
 __all__ = ["LocalCluster", "ReplicaUnavailable"]
 
@@ -110,9 +111,9 @@ class LocalCluster:
     def queue_lengths(self) -> dict[str, int]:
         return {r: self.workers[r].queue_length() for r in self.replicas if r not in self._stopped}
 
-    def stats(self) -> list[dict[str, Any]]:
+    def stats(self) -> list[ReplicaStats]:
         hits = self._manager.hit_stats()
-        return [{**w.stats(), **hits.get(r, {})} for r, w in self.workers.items()]
+        return [w.stats().with_hits(hits[r]) if r in hits else w.stats() for r, w in self.workers.items()]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

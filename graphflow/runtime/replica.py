@@ -32,7 +32,7 @@ from graphflow.kv.block import KVBlock, chain_keys, make_blocks
 from graphflow.kv.differential.codecs import ResidualCodec
 from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.differential.store import KVMode
-from graphflow.kv.differential.template_kv import TemplateKV, kv_mode
+from graphflow.kv.differential.template_kv import TemplateKV, TemplateStats, kv_mode
 from graphflow.kv.errors import ChecksumMismatch, MissingBlocks
 from graphflow.kv.exchange import receive_blocks, send_blocks, spec_for_prompt
 from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo, StateRecord, batch_from_blocks
@@ -47,6 +47,7 @@ from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates, check_policy
 from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS, MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
+from graphflow.runtime.stats import ReplicaStats
 from scheduler.policy import Option
 from transport.base import TransferSpec, Transport, TransportConfig
 from transport.memory import host_arena
@@ -586,32 +587,32 @@ class ReplicaWorker:
             reset_peak_rss()
         return resident_bytes()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ReplicaStats:
         s = self.store.stats()
         loop = self.batcher
-        return {
-            "replica": self.config.name,
-            "model": self.config.model,
-            "used_bytes": s.used_bytes,
-            "capacity_bytes": s.capacity_bytes,
-            "blocks": s.num_blocks,
-            "states": s.num_states,
-            "peak_bytes": s.peak_used_bytes,
-            "transport": self.config.transport,
-            "node": self.config.node or "localhost",
-            "host": self.config.host or "localhost",
-            "device": self.config.device,
-            "eviction": self.config.eviction,
-            "threads": torch.get_num_threads(),
-            "prefaulted_bytes": self.prefaulted_bytes,
-            "prefault_short": self.prefault_short,
-            "batching": loop is not None,
-            "batching_off": self.batching_off,
-            "max_batch_tokens": loop.max_batch_tokens if loop else 0,
-            "engine_steps": loop.steps if loop else 0,
-            "engine_rows": loop.rows_run if loop else 0,
-            "peak_rows": loop.peak_rows if loop else 0,
-            "queue": self.queue_length(),
-            "shared_prefix_copies": self._prefixes.built,
-            **(self.templates.stats_dict() if self.templates else {"kv_mode": "exact"}),
-        }
+        return ReplicaStats(
+            replica=self.config.name,
+            model=self.config.model,
+            transport=self.config.transport,
+            node=self.config.node or "localhost",
+            host=self.config.host or "localhost",
+            device=self.config.device,
+            eviction=self.config.eviction,
+            threads=torch.get_num_threads(),
+            used_bytes=s.used_bytes,
+            capacity_bytes=s.capacity_bytes,
+            peak_bytes=s.peak_used_bytes,
+            blocks=s.num_blocks,
+            states=s.num_states,
+            prefaulted_bytes=self.prefaulted_bytes,
+            prefault_short=self.prefault_short,
+            batching=loop is not None,
+            batching_off=self.batching_off,
+            max_batch_tokens=loop.max_batch_tokens if loop else 0,
+            engine_steps=loop.steps if loop else 0,
+            engine_rows=loop.rows_run if loop else 0,
+            peak_rows=loop.peak_rows if loop else 0,
+            queue=self.queue_length(),
+            shared_prefix_copies=self._prefixes.built,
+            templates=self.templates.summary() if self.templates else TemplateStats(),
+        )

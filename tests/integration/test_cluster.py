@@ -25,7 +25,7 @@ client = connect(sys.argv[1])
 task = "A warehouse ships 48 boxes a day and each box holds 12 items. " * 40
 on = client.run(task, workflow=fan_out_workflow(4))
 off = client.run(task, workflow=fan_out_workflow(4), reuse=False)
-hosts = {s["replica"]: s["host"] for s in client.status()}
+hosts = {s.replica: s.host for s in client.status()}
 print(json.dumps({"identical": on.outputs == off.outputs, "hosts": hosts,
                   "trace": [[t.node, t.replica, t.decision, t.source, t.bytes_moved] for t in on.nodes]}))
 """

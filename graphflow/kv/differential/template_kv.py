@@ -18,6 +18,7 @@ reusable prefix (it would otherwise be served to later nodes as if it were exact
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from graphflow.kv.events import TemplateHolding
 from graphflow.kv.packing import cache_from_tensor, stack_cache
 from graphflow.kv.prefiller import Prefiller
 
-__all__ = ["TemplateKV", "kv_mode"]
+__all__ = ["TemplateKV", "TemplateStats", "kv_mode"]
 
 
 def kv_mode(name: str) -> KVMode:
@@ -40,6 +41,19 @@ def kv_mode(name: str) -> KVMode:
         return KVMode(name)
     except ValueError:
         raise ValueError(f"unknown KV mode {name!r}; use one of {', '.join(m.value for m in KVMode)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateStats:
+    """What a replica's template KV did and holds (all zero in exact mode)."""
+
+    kv_mode: str = KVMode.EXACT.value
+    templates_rebuilt: int = 0
+    executions_learned: int = 0
+    residuals: int = 0
+    hot_paths: int = 0
+    differential_base_bytes: int = 0
+    differential_residual_bytes: int = 0
 
 
 class TemplateKV:
@@ -106,12 +120,14 @@ class TemplateKV:
             out.append(TemplateHolding(key.op, key.path, res.base_version, n, res.encoded.nbytes, min(head, n)))
         return tuple(out)
 
-    def stats_dict(self) -> dict[str, Any]:
-        return {
-            "kv_mode": self.mode.value,
-            "templates_rebuilt": self.rebuilt,
-            "executions_learned": self.learned,
-            "residuals": len(self.store.residuals),
-            "hot_paths": len(self.store.hot or ()),
-            **{f"differential_{k}_bytes": v for k, v in self.store.nbytes().items()},
-        }
+    def summary(self) -> TemplateStats:
+        held = self.store.nbytes()
+        return TemplateStats(
+            self.mode.value,
+            self.rebuilt,
+            self.learned,
+            len(self.store.residuals),
+            len(self.store.hot or ()),
+            held["base"],
+            held["residual"],
+        )

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from graphflow.client import calibrate_cluster, measure_link
@@ -72,10 +74,15 @@ def test_replica_rejects_an_empty_node(cluster):
 
 
 def test_status_reports_prefix_hits(cluster):
-    stats = {s["replica"]: s for s in cluster.stats()}
+    stats = {s.replica: s for s in cluster.stats()}
     assert set(stats) == {"replica-0", "replica-1"}
-    assert stats["replica-0"]["hits"] > 0 and 0 < stats["replica-0"]["hit_rate"] <= 1
-    assert stats["replica-0"]["blocks"] > 0
+    assert stats["replica-0"].prefix.hits > 0 and 0 < stats["replica-0"].prefix.hit_rate <= 1
+    assert stats["replica-0"].blocks > 0
+    # --json flattens it: the replica's fields, then its template and prefix-hit counts
+    flat = stats["replica-0"].to_json()
+    assert flat["blocks"] == stats["replica-0"].blocks and flat["hits"] == stats["replica-0"].prefix.hits
+    assert flat["kv_mode"] == "exact" and "templates" not in flat and "prefix" not in flat
+    assert json.loads(json.dumps(flat)) == flat
 
 
 def test_calibrate_cluster_measures_a_link_that_grows_with_size(cluster):
@@ -125,7 +132,7 @@ def test_a_context_computed_upstream_is_not_prefilled_again(cluster):
 
 def test_placement_counts_the_replicas_queues(cluster, monkeypatch):
     assert cluster.queue_lengths() == {"replica-0": 0, "replica-1": 0}
-    assert all(s["batching"] and s["queue"] == 0 for s in cluster.stats())
+    assert all(s.batching and s.queue == 0 for s in cluster.stats())
     ex = _executor(cluster, link_bw=1e3, prefill_b=1e-4)  # no transfers: each node recomputes or reuses
     gs = compile_workflow(references(load_corpus())["GSM8K"])
     ids = cluster.workers["replica-0"].encode("(queues) " + TASK)

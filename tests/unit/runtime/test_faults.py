@@ -78,7 +78,7 @@ def test_memory_pressure_evicts_and_keeps_outputs_correct():
         ids = roomy.workers["replica-0"].encode(TASK)
         reference = _reference(roomy, gs, ids)
         _executor(roomy).run(gs, ids, "ws")
-        working_set = max(s["peak_bytes"] for s in roomy.stats())
+        working_set = max(s.peak_bytes for s in roomy.stats())
     finally:
         roomy.close()
     tight = LocalCluster("tiny-llama", replicas=2, capacity_bytes=working_set // 2, timeout_s=2.0)
@@ -86,14 +86,14 @@ def test_memory_pressure_evicts_and_keeps_outputs_correct():
         result = _executor(tight).run(gs, ids, "tight")
         assert result.outputs == reference
         for s in tight.stats():
-            assert s["peak_bytes"] <= s["capacity_bytes"] == working_set // 2
+            assert s.peak_bytes <= s.capacity_bytes == working_set // 2
         for w in tight.workers.values():
             w.store.check_integrity()
         kept = sum(w.store.stats().num_states for w in tight.workers.values())
         assert kept < 1 + len(gs.nodes)  # the root and every node's state were made; some were evicted
         tight.manager("check_integrity")
         held = {r: tight.manager("used_bytes", r) for r in tight.replicas}
-        assert all(held[s["replica"]] <= s["used_bytes"] for s in tight.stats())  # the manager never overcounts
+        assert all(held[s.replica] <= s.used_bytes for s in tight.stats())  # the manager never overcounts
     finally:
         tight.close()
 

@@ -58,9 +58,9 @@ def test_differential_learns_a_hot_path_then_rebuilds_its_template_and_never_kee
     assert second.rebuilt_tokens == n - 1 and not second.note
     assert second.prefill_tokens == len(second_ids := w.encode("Bob reads 12 pages a day for 5 days.")) + 1
     assert second_ids and second.admit is None  # an approximate state is not offered for reuse
-    s = w.stats()
-    assert s["kv_mode"] == "differential" and s["residuals"] == 1 and s["templates_rebuilt"] == 1
-    assert s["differential_residual_bytes"] > 0
+    s = w.stats().templates
+    assert s.kv_mode == "differential" and s.residuals == 1 and s.templates_rebuilt == 1
+    assert s.differential_residual_bytes > 0 and s.differential_base_bytes > 0
     # a path that is not hot yet runs exactly
     assert w.run_node(_run(w, "Cal walks 2 km.", "c", path=("PLAN",))).rebuilt_tokens == 0
     # a plan that does not ask for a rebuild is run exactly, even where one is possible
@@ -77,7 +77,7 @@ def test_recomputing_the_whole_template_gives_the_exact_output():
     b = full.run_node(_run(full, "Bob reads 12 pages a day for 5 days.", "b"))
     assert b.rebuilt_tokens > 0 and a.rebuilt_tokens == 0
     assert a.output_ids == b.output_ids
-    assert exact.stats()["kv_mode"] == "exact"
+    assert exact.stats().kv_mode == "exact"
 
 
 def test_stateless_rebuilds_from_the_base_alone_and_modes_are_checked():
@@ -99,10 +99,10 @@ def test_stateless_rebuilds_from_the_base_alone_and_modes_are_checked():
 def test_a_changed_template_gets_a_new_base_and_drops_old_residuals():
     w = _worker("differential", residual_refs=1, hot_min_count=1)
     w.run_node(_run(w, "Ann has 3 apples.", "a"))
-    assert w.stats()["residuals"] == 1
+    assert w.stats().templates.residuals == 1
     res = w.run_node(_run(w, "Bob reads.", "b", template="\n### Step: review\nNow be brief.\n"))
     assert res.rebuilt_tokens == 0  # the old residual was for another template version
-    assert w.stats()["residuals"] == 1  # relearned for the new one
+    assert w.stats().templates.residuals == 1  # relearned for the new one
 
 
 def test_the_executor_passes_templates_and_traces_what_was_rebuilt():
@@ -127,7 +127,7 @@ def test_the_executor_passes_templates_and_traces_what_was_rebuilt():
         second = ex.run(gs, task, "s2")
         rebuilt = [t for t in second.nodes if t.decision == "reconstruct"]
         assert rebuilt and all(t.rebuilt_tokens > 0 for t in rebuilt)
-        assert w.stats()["templates_rebuilt"] == len(rebuilt)
+        assert w.stats().templates.templates_rebuilt == len(rebuilt)
         assert all(d.residual is not None for d in second.decisions if d.option.value == "reconstruct")
         c.manager("check_integrity")
     finally:

@@ -1,0 +1,57 @@
+"""What a replica reports about itself: :class:`ReplicaStats`.
+
+A replica builds it (``ReplicaWorker.stats``); the cluster adds the manager's prefix-hit
+counts (``with_hits``); ``graphflow status``, the benches and the checks read its fields, and
+``to_json`` flattens it for ``--json`` (one object per replica, the nested parts' fields
+beside the replica's own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from graphflow.kv.differential.template_kv import TemplateStats
+from graphflow.kv.events import PrefixHits
+
+__all__ = ["ReplicaStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    replica: str
+    model: str
+    transport: str
+    node: str
+    host: str
+    device: str
+    eviction: str
+    threads: int
+    used_bytes: int
+    capacity_bytes: int
+    peak_bytes: int
+    blocks: int
+    states: int
+    prefaulted_bytes: int  # host memory faulted in before the first transfer
+    prefault_short: str  # why fewer bytes were faulted in than asked ("" when not short)
+    batching: bool  # whether node calls go through the engine loop
+    batching_off: str  # why not ("" when on)
+    max_batch_tokens: int
+    engine_steps: int
+    engine_rows: int
+    peak_rows: int
+    queue: int  # node calls in this replica now
+    shared_prefix_copies: int
+    templates: TemplateStats = field(default_factory=TemplateStats)
+    prefix: PrefixHits = field(default_factory=PrefixHits)
+
+    @property
+    def kv_mode(self) -> str:
+        return self.templates.kv_mode
+
+    def with_hits(self, prefix: PrefixHits) -> ReplicaStats:
+        return replace(self, prefix=prefix)
+
+    def to_json(self) -> dict[str, object]:
+        out = asdict(self)
+        templates, prefix = out.pop("templates"), out.pop("prefix")
+        return {**out, **templates, **prefix}
