@@ -32,6 +32,7 @@ from experiments.common import (
     write_meta,
 )
 from experiments.ttft.plot import plot
+from graphflow.bench.transport_rows import TransportRow
 from graphflow.harness.launch import run_two_processes
 
 HERE = Path(__file__).parent
@@ -57,7 +58,7 @@ def measure(model: str, contexts: list[int], suffix: int, repeats: int, threads:
         str(threads),
     ]
     holder, got = run_two_processes("ucx", job, timeout_s=7200)
-    bw = holder["transport_rows"][0]["raw_gbps"] * 1e9  # plain UCX messages, measured in this run
+    bw = TransportRow.from_json(holder["transport_rows"][0]).raw_gbps * 1e9  # plain UCX messages, measured in this run
     if got["skipped_contexts"]:
         print(f"{model}: skipped contexts {got['skipped_contexts']} (beyond the model's positions)")
     return [derive({"model": model, **r, "raw_bandwidth_bytes_per_s": bw}) for r in got["rows"]]

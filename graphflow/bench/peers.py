@@ -36,18 +36,18 @@ from typing import Any, Protocol
 import torch
 
 from graphflow.bench.transport_pair import BenchPlan, blocks_for
+from graphflow.bench.transport_rows import PeerResult, PeerRow
 from graphflow.harness.rendezvous import write_result
 from transport.pool import TensorPool
 
-__all__ = ["PEERS", "peer_columns", "run_peer"]
+__all__ = ["PEERS", "run_peer"]
 
 PEERS = ("nixl", "mooncake")
 _INSTALL = "install the peers extra (pip install -e '.[peers]')"
 
 
-def run_peer(peer: str, plan: BenchPlan, timeout_s: float = 1800) -> dict[str, Any]:
-    """Both processes of ``peer`` over ``plan``: ``{"peer", "rows"}`` (``nbytes``, ``peer_s``,
-    ``peer_gbps``, ``checksums``) or ``{"peer", "unavailable": why}`` when it cannot load here."""
+def run_peer(peer: str, plan: BenchPlan, timeout_s: float = 1800) -> PeerResult:
+    """Both processes of ``peer`` over ``plan``: its rows, or why it cannot load here."""
     from graphflow.harness.launch import run_module_pair
 
     if peer not in PEERS:
@@ -56,22 +56,8 @@ def run_peer(peer: str, plan: BenchPlan, timeout_s: float = 1800) -> dict[str, A
     holder, reader = run_module_pair(__name__, args, timeout_s)
     for side in (reader, holder):
         if "unavailable" in side:
-            return {"peer": peer, "unavailable": side["unavailable"]}
-    return {"peer": peer, "rows": reader["rows"]}
-
-
-def peer_columns(rows: list[dict[str, Any]], peers: list[dict[str, Any]], backend: str = "ucx") -> None:
-    """Add ``peer_gbps`` and ``ours_over_peer`` (one entry per peer that ran; ``None`` where it
-    could not) to ``backend``'s rows, matched by size."""
-    for row in rows:
-        if row["backend"] != backend:
-            continue
-        gbps: dict[str, float | None] = {}
-        for p in peers:
-            match = [r for r in p.get("rows", []) if r["nbytes"] == row["nbytes"]]
-            gbps[p["peer"]] = match[0]["peer_gbps"] if match else None
-        row["peer_gbps"] = gbps
-        row["ours_over_peer"] = {k: (row["ours_gbps"] / v if v else None) for k, v in gbps.items()}
+            return PeerResult(peer, unavailable=side["unavailable"])
+    return PeerResult(peer, tuple(PeerRow.from_json(r) for r in reader["rows"]))
 
 
 def _unavailable(peer: str, exc: BaseException) -> str:
@@ -238,7 +224,7 @@ def _side(peer: str, role: int, folder: Path, plan: BenchPlan, timeout_s: float)
             return holder
         try:
             side.connect(holder, into)
-            rows = [_measure(side, plan, size, blocks[size][1], into[size]) for size in plan.sizes]
+            rows = [_measure(side, plan, size, blocks[size][1], into[size]).to_json() for size in plan.sizes]
         except BaseException:
             _publish(folder, 1, {"status": "failed"})
             raise
@@ -248,24 +234,14 @@ def _side(peer: str, role: int, folder: Path, plan: BenchPlan, timeout_s: float)
         side.close()
 
 
-def _measure(
-    side: _Side, plan: BenchPlan, size: int, sent: list[torch.Tensor], into: list[torch.Tensor]
-) -> dict[str, Any]:
+def _measure(side: _Side, plan: BenchPlan, size: int, sent: list[torch.Tensor], into: list[torch.Tensor]) -> PeerRow:
     times = [_per_transfer_s(plan, lambda: side.read(size)) for _ in range(plan.repeats)]
     for t in into:
         t.zero_()
     side.read(size)
     if not all(torch.equal(a, b) for a, b in zip(into, sent, strict=True)):
         raise RuntimeError(f"{size} bytes read by the peer library differ from the sender's")
-    peer_s = statistics.median(times)
-    return {
-        "nbytes": size,
-        "blocks": len(sent),
-        "peer_s": peer_s,
-        "peer_gbps": size / peer_s / 1e9,
-        "checksums": False,
-        "verified_after": True,
-    }
+    return PeerRow(size, len(sent), statistics.median(times), checksums=False, verified_after=True)
 
 
 def main(argv: list[str] | None = None) -> None:

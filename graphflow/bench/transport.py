@@ -1,7 +1,7 @@
 """``graphflow bench transport``: ours vs the raw reference of each backend, in the same run.
 
 * ``ucx``, ``mpi`` — two processes (``graphflow.harness.pair``); see ``transport_pair``. Their
-  rows also carry ``bare_gbps`` / ``bare_ratio``: the same bytes as plain messages cut as the
+  rows also carry ``bare_s`` (``bare_gbps``, ``bare_ratio``, ``ours_over_bare``): the same bytes as plain messages cut as the
   wire cuts them, hashed by the receiver as they land (no protocol) — the ceiling for ours.
 * ``local`` — one process: ours is a LocalTransport pair, send and receive (into pooled
   tensors) awaited together on the endpoints' loop, as an async caller does; raw is one
@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.bench.transport_pair import BenchPlan, blocks_for, transport_row
+from graphflow.bench.transport_pair import BenchPlan, blocks_for
+from graphflow.bench.transport_rows import PeerResult, TransportRow, with_peers
 from transport.base import TransferSpec, TransportConfig
 from transport.local import LocalTransport
 from transport.pool import TensorPool
@@ -66,15 +67,21 @@ def _timed(plan: BenchPlan, step: Callable[[], None]) -> list[float]:
 
 def _timed_row(
     backend: str, size: int, blocks: int, block_bytes: int, ours: list[float], raw: list[float]
-) -> dict[str, Any]:
+) -> TransportRow:
     """The row, plus every transfer's milliseconds (outliers show there, not in the medians)."""
-    row = transport_row(backend, size, blocks, block_bytes, statistics.median(ours), statistics.median(raw))
-    row["ours_ms"] = [round(t * 1e3, 2) for t in ours]
-    row["raw_ms"] = [round(t * 1e3, 2) for t in raw]
-    return row
+    return TransportRow(
+        backend,
+        size,
+        blocks,
+        block_bytes,
+        statistics.median(ours),
+        statistics.median(raw),
+        ours_ms=tuple(round(t * 1e3, 2) for t in ours),
+        raw_ms=tuple(round(t * 1e3, 2) for t in raw),
+    )
 
 
-def _bench_local(plan: BenchPlan) -> list[dict[str, Any]]:
+def _bench_local(plan: BenchPlan) -> list[TransportRow]:
     rows = []
     config = TransportConfig(timeout_s=60)
     a, b = LocalTransport(config), LocalTransport(config)
@@ -144,7 +151,7 @@ _RAY_BLOCKS: dict[tuple[int, int], Any] = {}
 _RAY_RAW: dict[int, np.ndarray] = {}
 
 
-def _bench_ray(plan: BenchPlan) -> list[dict[str, Any]]:
+def _bench_ray(plan: BenchPlan) -> list[TransportRow]:
     from graphflow.runtime.actors import call_worker
     from graphflow.runtime.cluster import start_local
 
@@ -180,16 +187,16 @@ def _bench_ray(plan: BenchPlan) -> list[dict[str, Any]]:
 
 def bench_transport(
     backends: list[str], plan: BenchPlan, say: Callable[[str], None] = lambda _m: None, peers: Sequence[str] = ()
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Rows ``backend, nbytes, ours_gbps, raw_gbps, ratio, overhead_us`` for every backend × size
-    (ucx and mpi rows add ``bare_gbps`` and ``bare_ratio``, see ``transport_pair``), and one
-    result per peer (``graphflow.bench.peers.run_peer``: its rows, or why it could not run)."""
-    from graphflow.bench.peers import PEERS, peer_columns, run_peer
+) -> tuple[list[TransportRow], list[PeerResult]]:
+    """A row for every backend × size (ucx and mpi rows also time bare, see ``transport_pair``),
+    and one result per peer (``graphflow.bench.peers.run_peer``: its rows, or why it could not
+    run); with peers, the ucx rows carry each peer's rate at their size."""
+    from graphflow.bench.peers import PEERS, run_peer
 
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"unknown peer {unknown[0]!r}; use {', '.join(PEERS)}")
-    rows: list[dict[str, Any]] = []
+    rows: list[TransportRow] = []
     for backend in backends:
         say(f"benchmarking {backend}")
         if backend == "local":
@@ -200,14 +207,13 @@ def bench_transport(
             from graphflow.harness.launch import run_two_processes
 
             args = ["--job", "bench", *plan.args(), "--timeout", "120"]
-            rows += run_two_processes(backend, args, timeout_s=1800)[0]
+            rows += [TransportRow.from_json(r) for r in run_two_processes(backend, args, timeout_s=1800)[0]]
         else:
             raise ValueError(f"unknown backend {backend!r}; use ucx, mpi, ray or local")
     results = []
     for peer in peers:
         say(f"benchmarking peer {peer}")
         results.append(run_peer(peer, plan))
-        if "unavailable" in results[-1]:
-            say(results[-1]["unavailable"])
-    peer_columns(rows, results)
-    return rows, results
+        if results[-1].unavailable:
+            say(results[-1].unavailable)
+    return with_peers(rows, results), results

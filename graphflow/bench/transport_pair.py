@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import xxhash
 
+from graphflow.bench.transport_rows import TransportRow
 from transport.base import TransferSpec, Transport
 from transport.layout import message_spans
 from transport.memory import host_arena
@@ -88,7 +89,7 @@ def _per_transfer_s(role: int, plan: BenchPlan, step: Callable[[], None], sync: 
     return (time.perf_counter() - start) / plan.iters
 
 
-def run_pair(transport: Transport, role: int, peer: str, plan: BenchPlan) -> list[dict[str, Any]]:
+def run_pair(transport: Transport, role: int, peer: str, plan: BenchPlan) -> list[TransportRow]:
     """Run the plan as ``role`` against ``peer``; role 0 returns the rows, role 1 ``[]``."""
     if not isinstance(transport, MessageTransport):
         raise ValueError(f"the two-process benchmark needs a message backend, not {transport.name}")
@@ -116,7 +117,7 @@ def _measure(
     ids: itertools.count[int],
     sync: Callable[[bool], None],
     pool: TensorPool,
-) -> dict[str, Any]:
+) -> TransportRow:
     comm = getattr(t, "comm", None)
     control = TransferSpec(0, peer, (), ())
     raw = np.ones(size, np.uint8) if role == 0 else np.zeros(size, np.uint8)
@@ -160,12 +161,8 @@ def _measure(
     bare_step()
     if role == 1 and not np.all(raw == 1):
         raise RuntimeError("benchmark bare messages arrived with different bytes")
-    row = transport_row(
-        t.name, size, len(headers), plan.block_bytes, statistics.median(ours_s), statistics.median(raw_s)
-    )
-    bare = statistics.median(bare_s)
-    row.update(bare_s=bare, bare_gbps=size / bare / 1e9, bare_ratio=row["raw_s"] / bare)
-    return row
+    ours, raw_median, bare = (statistics.median(s) for s in (ours_s, raw_s, bare_s))
+    return TransportRow(t.name, size, len(headers), plan.block_bytes, ours, raw_median, bare)
 
 
 def _bare_cut(buf: np.ndarray, sizes: list[int]) -> tuple[list[tuple[int, memoryview]], list[list[memoryview]]]:
@@ -179,18 +176,3 @@ def _bare_cut(buf: np.ndarray, sizes: list[int]) -> tuple[list[tuple[int, memory
         bounds = list(itertools.accumulate((sizes[i] for i in run), initial=lo))
         blocks.append([view[a:b] for a, b in itertools.pairwise(bounds)])
     return msgs, blocks
-
-
-def transport_row(backend: str, size: int, blocks: int, block_bytes: int, ours: float, raw: float) -> dict[str, Any]:
-    return {
-        "backend": backend,
-        "nbytes": size,
-        "blocks": blocks,
-        "block_bytes": block_bytes,
-        "ours_s": ours,
-        "raw_s": raw,
-        "ours_gbps": size / ours / 1e9,
-        "raw_gbps": size / raw / 1e9,
-        "ratio": raw / ours,
-        "overhead_us": (ours - raw) * 1e6,
-    }

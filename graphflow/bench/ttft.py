@@ -75,7 +75,7 @@ def ttft_side(t: MessageTransport, role: int, peer: str, plan: TtftPlan) -> dict
         "model": plan.model,
         "kv_bytes_per_token": bpt,
         "rows": [],
-        "transport_rows": bench,
+        "transport_rows": [row.to_json() for row in bench],
         "threads": torch.get_num_threads(),
     }
     suffix = _suffix(engine, plan.suffix_tokens)

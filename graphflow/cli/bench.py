@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from graphflow.bench.transport_rows import PeerResult, TransportRow
 from graphflow.cli._common import emit, ints, kv_table, names, out, say, user_errors
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 
@@ -40,42 +40,54 @@ def bench_transport_cmd(
     plan = BenchPlan([parse_size(x) for x in sizes.split(",")], parse_size(block_bytes), iters, 2, repeats)
     rows, peer_results = bench_transport(names(backends), plan, say=say, peers=names(peers))
     if json_out:
-        emit({"rows": rows, "peers": peer_results})
+        emit({"rows": [r.to_json() for r in rows], "peers": [p.to_json() for p in peer_results]})
         return
     table = Table(
-        "backend", "bytes", "blocks", "ours GB/s", "raw GB/s", "ratio", "overhead µs", "bare ratio", title="transport"
+        "backend",
+        "bytes",
+        "blocks",
+        "ours GB/s",
+        "raw GB/s",
+        "ratio",
+        "overhead µs",
+        "bare ratio",
+        "ours ÷ bare",
+        title="transport",
     )
     for r in rows:
-        bare = f"{r['bare_ratio']:.2f}" if "bare_ratio" in r else "—"  # NOTE: ucx and mpi rows only
         table.add_row(
-            r["backend"],
-            f"{r['nbytes']:,}",
-            str(r["blocks"]),
-            f"{r['ours_gbps']:.2f}",
-            f"{r['raw_gbps']:.2f}",
-            f"{r['ratio']:.2f}",
-            f"{r['overhead_us']:.0f}",
-            bare,
+            r.backend,
+            f"{r.nbytes:,}",
+            str(r.blocks),
+            f"{r.ours_gbps:.2f}",
+            f"{r.raw_gbps:.2f}",
+            f"{r.ratio:.2f}",
+            f"{r.overhead_us:.0f}",
+            _maybe(r.bare_ratio),  # NOTE: ucx and mpi rows only
+            _maybe(r.ours_over_bare),
         )
     out.print(table)
     if peer_results:
         out.print(_peer_table(rows, peer_results))
 
 
-def _peer_table(rows: list[dict[str, Any]], peers: list[dict[str, Any]]) -> Table:
-    """One line per peer × size: its GB/s beside ours over UCX, or why the peer could not run.
-    The peers check no bytes on arrival (ours hashes every block)."""
-    ours = {r["nbytes"]: r["ours_gbps"] for r in rows if r["backend"] == "ucx"}
+def _maybe(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def _peer_table(rows: list[TransportRow], peers: list[PeerResult]) -> Table:
+    """One line per peer × size: its GB/s beside ours over UCX, or why the peer could not run."""
+    ours = {r.nbytes: r.ours_gbps for r in rows if r.backend == "ucx"}
     table = Table("peer", "bytes", "peer GB/s", "ours ucx GB/s", "ours ÷ peer", "checksums", title="peers")
     for p in peers:
-        if "unavailable" in p:
-            table.add_row(p["peer"], "—", "—", "—", "—", escape(p["unavailable"]))
+        if p.unavailable:
+            table.add_row(p.peer, "—", "—", "—", "—", escape(p.unavailable))
             continue
-        for r in p["rows"]:
-            mine = ours.get(r["nbytes"])
-            ratio = f"{mine / r['peer_gbps']:.2f}" if mine else "—"
-            mine_text = f"{mine:.2f}" if mine else "—"
-            table.add_row(p["peer"], f"{r['nbytes']:,}", f"{r['peer_gbps']:.2f}", mine_text, ratio, "none")
+        for r in p.rows:
+            mine = ours.get(r.nbytes)
+            ratio = _maybe(mine / r.peer_gbps if mine else None)
+            checks = "yes" if r.checksums else "none"
+            table.add_row(p.peer, f"{r.nbytes:,}", f"{r.peer_gbps:.2f}", _maybe(mine), ratio, checks)
     return table
 
 

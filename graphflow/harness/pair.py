@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             plan = BenchPlan(
                 [int(s) for s in args.sizes.split(",")], args.block_bytes, args.iters, args.warmup, args.repeats
             )
-            result = run_pair(transport, args.role, peer, plan)
+            result = [row.to_json() for row in run_pair(transport, args.role, peer, plan)]
     finally:
         transport.close()
     write_result(folder, args.role, result)

@@ -18,19 +18,19 @@ PLAN = BenchPlan(sizes=[1 << 18, 3 << 18], block_bytes=1 << 18, iters=2, warmup=
 @pytest.mark.ucx
 def test_nixl_reads_the_blocks_and_the_ucx_rows_gain_ours_over_peer():
     rows, peers = bench_transport(["ucx"], PLAN, peers=["nixl"])
-    assert [p["peer"] for p in peers] == ["nixl"] and "unavailable" not in peers[0]
-    assert [(r["nbytes"], r["blocks"], r["verified_after"]) for r in peers[0]["rows"]] == [
+    assert [p.peer for p in peers] == ["nixl"] and not peers[0].unavailable
+    assert [(r.nbytes, r.blocks, r.verified_after) for r in peers[0].rows] == [
         (1 << 18, 1, True),
         (3 << 18, 3, True),
     ]
-    for row, peer in zip(rows, peers[0]["rows"], strict=True):
-        assert row["peer_gbps"] == {"nixl": peer["peer_gbps"]} and peer["peer_gbps"] > 0
-        assert row["ours_over_peer"]["nixl"] == pytest.approx(row["ours_gbps"] / peer["peer_gbps"])
+    for row, peer in zip(rows, peers[0].rows, strict=True):
+        assert row.peer_gbps == {"nixl": peer.peer_gbps} and peer.peer_gbps > 0
+        assert row.ours_over_peer["nixl"] == pytest.approx(row.ours_gbps / peer.peer_gbps)
 
 
 def test_mooncake_runs_where_libibverbs_loads_and_says_why_where_it_does_not():
     result = run_peer("mooncake", BenchPlan(sizes=[1 << 18], block_bytes=1 << 17, iters=2, warmup=1, repeats=1), 300)
     if ctypes.util.find_library("ibverbs") is None:
-        assert "libibverbs1" in result["unavailable"]
+        assert "libibverbs1" in result.unavailable
     else:
-        assert [(r["nbytes"], r["blocks"], r["verified_after"]) for r in result["rows"]] == [(1 << 18, 2, True)]
+        assert [(r.nbytes, r.blocks, r.verified_after) for r in result.rows] == [(1 << 18, 2, True)]

@@ -1,25 +1,31 @@
 import pytest
 import torch
 
-from graphflow.bench.peers import _measure, _unavailable, peer_columns
+from graphflow.bench.peers import _measure, _unavailable
 from graphflow.bench.transport_pair import BenchPlan
+from graphflow.bench.transport_rows import PeerResult, PeerRow, TransportRow, with_peers
 
 
 def test_peer_columns_match_ours_ucx_rows_by_size_and_mark_a_peer_that_did_not_run():
-    rows = [
-        {"backend": "ucx", "nbytes": 1 << 20, "ours_gbps": 2.0},
-        {"backend": "ucx", "nbytes": 1 << 24, "ours_gbps": 6.0},
-        {"backend": "mpi", "nbytes": 1 << 20, "ours_gbps": 3.0},
-    ]
+    mib, sixteen = 1 << 20, 1 << 24
+
+    def ours(backend, nbytes, gbps):  # a row whose ours moves at ``gbps``
+        return TransportRow(backend, nbytes, nbytes >> 20, 1 << 20, nbytes / gbps / 1e9, 1.0)
+
+    rows = [ours("ucx", mib, 2.0), ours("ucx", sixteen, 6.0), ours("mpi", mib, 3.0)]
     peers = [
-        {"peer": "nixl", "rows": [{"nbytes": 1 << 24, "peer_gbps": 4.0}, {"nbytes": 1 << 20, "peer_gbps": 8.0}]},
-        {"peer": "mooncake", "unavailable": "mooncake cannot load"},
+        PeerResult("nixl", (PeerRow(sixteen, 16, sixteen / 4e9), PeerRow(mib, 1, mib / 8e9))),
+        PeerResult("mooncake", unavailable="mooncake cannot load"),
     ]
-    peer_columns(rows, peers)
-    assert rows[0]["peer_gbps"] == {"nixl": 8.0, "mooncake": None}
-    assert rows[0]["ours_over_peer"] == {"nixl": 0.25, "mooncake": None}
-    assert rows[1]["ours_over_peer"]["nixl"] == 1.5
-    assert "peer_gbps" not in rows[2]
+    got = with_peers(rows, peers)
+    assert got[0].peer_gbps == pytest.approx({"nixl": 8.0, "mooncake": None})
+    assert got[0].ours_over_peer == pytest.approx({"nixl": 0.25, "mooncake": None})
+    assert got[1].ours_over_peer["nixl"] == pytest.approx(1.5)
+    assert got[2] is rows[2] and not got[2].peer_gbps
+    flat = got[0].to_json()  # --json keeps the keys it always had
+    assert flat["ours_over_peer"] == got[0].ours_over_peer and flat["ours_gbps"] == pytest.approx(2.0)
+    assert TransportRow.from_json(flat) == got[0]
+    assert PeerResult("mooncake", unavailable="x").to_json() == {"peer": "mooncake", "unavailable": "x"}
 
 
 def test_a_missing_library_says_what_to_install():
@@ -52,5 +58,5 @@ def test_a_row_is_reported_only_for_bytes_that_arrived(deliver):
         return
     row = _measure(side, plan, 2048, sent, into)
     assert side.reads == plan.repeats * (plan.warmup + plan.iters) + 1
-    assert row["nbytes"] == 2048 and row["blocks"] == 2 and row["checksums"] is False
-    assert row["peer_gbps"] == pytest.approx(2048 / row["peer_s"] / 1e9)
+    assert row.nbytes == 2048 and row.blocks == 2 and row.checksums is False
+    assert row.peer_gbps == pytest.approx(2048 / row.peer_s / 1e9)
