@@ -1,8 +1,9 @@
 """``graphflow bench transport``: ours vs the raw reference of each backend, in the same run.
 
 * ``ucx``, ``mpi`` — two processes (``graphflow.harness.pair``); see ``transport_pair``. Their
-  rows also carry ``bare_s`` (``bare_gbps``, ``bare_ratio``, ``ours_over_bare``): the same bytes as plain messages cut as the
-  wire cuts them, hashed by the receiver as they land (no protocol) — the ceiling for ours.
+  rows also carry ``bare_s`` (``bare_gbps``, ``bare_ratio``, ``ours_over_bare``): the same
+  bytes as plain messages cut as the wire cuts them, hashed by the receiver as they land (no
+  protocol) — the ceiling for ours.
 * ``local`` — one process: ours is a LocalTransport pair, send and receive (into pooled
   tensors) awaited together on the endpoints' loop, as an async caller does; raw is one
   ``numpy.copyto`` of the same bytes.
