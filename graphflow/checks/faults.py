@@ -35,7 +35,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from graphflow.client import calibrate_cluster
@@ -47,7 +47,7 @@ from graphflow.workflow.corpus import Workflow, WorkflowNode, functional_role, l
 from scheduler.cost import LinkMatrix, LinkSpec, PrefillModel
 from scheduler.policy import Policy
 
-__all__ = ["SCENARIOS", "ScenarioResult", "run_faults"]
+__all__ = ["SCENARIOS", "FaultReport", "ScenarioResult", "run_faults"]
 
 SCENARIOS = (
     "replica-dies",
@@ -76,6 +76,31 @@ class ScenarioResult:
     detail: str
     lost_requests: int = 0
     seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.completed and self.outputs_correct
+
+
+@dataclass(frozen=True, slots=True)
+class FaultReport:
+    rows: tuple[ScenarioResult, ...]
+
+    @property
+    def passed(self) -> int:
+        return sum(r.passed for r in self.rows)
+
+    @property
+    def lost_requests(self) -> int:
+        return sum(r.lost_requests for r in self.rows)
+
+    @property
+    def ok(self) -> bool:
+        return self.passed == len(self.rows) and not self.lost_requests
+
+    def to_json(self) -> dict[str, Any]:
+        rows = [asdict(r) for r in self.rows]
+        return {"rows": rows, "scenarios": len(rows), "passed": self.passed, "lost_requests": self.lost_requests}
 
 
 class FaultSuite:
@@ -368,10 +393,9 @@ def run_faults(
     repeats: int = 6,
     say: Callable[[str], None] = lambda _m: None,
     nodes: int = 0,
-) -> dict[str, Any]:
+) -> FaultReport:
     """Run the scenarios on an embedded Ray cluster, or with ``nodes`` ≥ 2 on a namespace
-    cluster of that many nodes (one replica each, plus the ``node-dies`` scenario); returns
-    rows and a summary."""
+    cluster of that many nodes (one replica each, plus the ``node-dies`` scenario)."""
     known = SCENARIOS + (NODE_SCENARIOS if nodes else ())
     unknown = sorted(set(scenarios) - set(known))
     if unknown:
@@ -402,7 +426,7 @@ def run_faults(
             "bad-input": suite.bad_input,
             "node-dies": suite.node_dies,
         }
-        rows: list[dict[str, Any]] = []
+        rows: list[ScenarioResult] = []
         try:
             _run_all(scenarios, runners, rows, say)
         finally:
@@ -412,19 +436,13 @@ def run_faults(
         if cluster is not None:
             ray.shutdown()
             cluster_down()
-    passed = sum(r["completed"] and r["outputs_correct"] for r in rows)
-    return {
-        "rows": rows,
-        "scenarios": len(rows),
-        "passed": passed,
-        "lost_requests": sum(r["lost_requests"] for r in rows),
-    }
+    return FaultReport(tuple(rows))
 
 
 def _run_all(
     scenarios: tuple[str, ...],
     runners: dict[str, Callable[[], ScenarioResult]],
-    rows: list[dict[str, Any]],
+    rows: list[ScenarioResult],
     say: Callable[[str], None],
 ) -> None:
     for name in scenarios:
@@ -434,15 +452,4 @@ def _run_all(
             row = runners[name]()
         except Exception as exc:  # a scenario that blows up is a failed, lost request
             row = ScenarioResult(name, False, False, f"{type(root_cause(exc)).__name__}: {error_message(exc)[:200]}", 1)
-        rows.append(
-            asdict(
-                ScenarioResult(
-                    row.name,
-                    row.completed,
-                    row.outputs_correct,
-                    row.detail,
-                    row.lost_requests,
-                    round(time.perf_counter() - start, 2),
-                )
-            )
-        )
+        rows.append(replace(row, seconds=round(time.perf_counter() - start, 2)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from graphflow.models.engine import Engine, clone_cache
 from graphflow.models.prompts import prompt_token_ids
 from transport.base import TransferSpec, Transport
 
-__all__ = ["TransferCheck", "receive_side", "send_side"]
+__all__ = ["Received", "Sent", "TransferCheck", "TransferCheckResult", "receive_side", "send_side"]
 
 TRANSFER_ID = 4242
 
@@ -44,7 +44,44 @@ class TransferCheck:
     block_tokens: int = 16
 
 
-def send_side(check: TransferCheck, transport: Transport, peer: str, rendezvous: Path) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """The sender's side: what it sent and how long ``send`` took."""
+
+    blocks: int
+    nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """The receiver's side: what arrived, and whether decoding resumed as on the sender."""
+
+    backend: str
+    pid: int
+    blocks: int
+    nbytes: int
+    seconds: float  # transport.recv, from posting to the last block checked
+    same_config: bool  # the two sides loaded the same model configuration
+    tokens_equal: bool  # greedy tokens after resuming equal the sender's
+    max_abs_logit_diff: float
+
+
+@dataclass(frozen=True, slots=True)
+class TransferCheckResult:
+    received: Received
+    send_seconds: float
+    processes: int  # 1 for the local backend (two threads), else 2
+
+    @property
+    def passed(self) -> bool:
+        return self.received.same_config and self.received.tokens_equal
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self.received), "send_seconds": self.send_seconds, "processes": self.processes}
+
+
+def send_side(check: TransferCheck, transport: Transport, peer: str, rendezvous: Path) -> Sent:
     engine = Engine.load(check.model)
     ids = prompt_token_ids(engine.tokenizer, check.tokens)
     pre = engine.prefill(ids)
@@ -58,10 +95,10 @@ def send_side(check: TransferCheck, transport: Transport, peer: str, rendezvous:
     blocks = cache_to_blocks(pre.cache, ids, engine.identity, check.block_tokens)
     headers, tensors = to_wire(blocks)
     stats = transport.send(TransferSpec.for_headers(TRANSFER_ID, peer, headers), headers, tensors)
-    return {"role": "send", "blocks": len(blocks), "nbytes": stats.nbytes, "seconds": stats.seconds}
+    return Sent(len(blocks), stats.nbytes, stats.seconds)
 
 
-def receive_side(check: TransferCheck, transport: Transport, peer: str, rendezvous: Path) -> dict[str, Any]:
+def receive_side(check: TransferCheck, transport: Transport, peer: str, rendezvous: Path) -> Received:
     engine = Engine.load(check.model)
     ids = prompt_token_ids(engine.tokenizer, check.tokens)
     received = transport.recv(spec_for_prompt(engine.identity, ids, check.block_tokens, peer, TRANSFER_ID))
@@ -73,21 +110,21 @@ def receive_side(check: TransferCheck, transport: Transport, peer: str, rendezvo
     expected = json.loads(expected_path.read_text())
     out = engine.decode_greedy(cache, expected["first_token"], check.steps)
     ref_logits = torch.load(rendezvous / "expected_logits.pt")
-    return {
-        "role": "recv",
-        "backend": transport.name,
-        "pid": os.getpid(),
-        "blocks": len(received.headers),
-        "nbytes": received.stats.nbytes,
-        "seconds": received.stats.seconds,
-        "same_config": expected["config_hash"] == engine.identity.config_hash,
-        "tokens_equal": list(out.token_ids) == expected["tokens"],
-        "max_abs_logit_diff": float((out.logits - ref_logits).abs().max()),
-    }
+    return Received(
+        transport.name,
+        os.getpid(),
+        len(received.headers),
+        received.stats.nbytes,
+        received.stats.seconds,
+        same_config=expected["config_hash"] == engine.identity.config_hash,
+        tokens_equal=list(out.token_ids) == expected["tokens"],
+        max_abs_logit_diff=float((out.logits - ref_logits).abs().max()),
+    )
 
 
-def _side(role: int, check: TransferCheck, transport: Transport, peer: str, folder: Path) -> dict[str, Any]:
-    return (send_side if role == 0 else receive_side)(check, transport, peer, folder)
+def side_json(role: int, check: TransferCheck, transport: Transport, peer: str, folder: Path) -> dict[str, Any]:
+    """One side's result as JSON (what crosses a process boundary)."""
+    return asdict((send_side if role == 0 else receive_side)(check, transport, peer, folder))
 
 
 def ray_side(role: int, check: TransferCheck, folder: str, timeout_s: float) -> dict[str, Any]:
@@ -97,16 +134,16 @@ def ray_side(role: int, check: TransferCheck, folder: str, timeout_s: float) -> 
 
     transport = RayTransport(TransportConfig(timeout_s=timeout_s), name=f"{folder}:{role}")
     try:
-        return _side(role, check, transport, f"{folder}:{1 - role}", Path(folder))
+        return side_json(role, check, transport, f"{folder}:{1 - role}", Path(folder))
     finally:
         transport.close()
 
 
-def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60.0) -> dict[str, Any]:
+def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60.0) -> TransferCheckResult:
     """Move a KV state between two processes (two threads for ``local``) and resume decoding.
 
-    Returns the receiver's result plus the sender's timing. Raises ``TransportError`` when
-    the pair fails and ``ValueError`` for an unknown backend.
+    Returns the receiver's result and the sender's timing. Raises ``TransportError`` when the
+    pair fails and ``ValueError`` for an unknown backend.
     """
     import tempfile
     import threading
@@ -118,7 +155,8 @@ def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60
         from graphflow.harness.launch import run_two_processes
 
         args = ["--job", "transfer", "--model", check.model, "--tokens", str(check.tokens), "--timeout", str(timeout_s)]
-        sent, got = run_two_processes(backend, args, timeout_s * 3 + 120)
+        sent_json, got_json = run_two_processes(backend, args, timeout_s * 3 + 120)
+        sent, got = Sent(**sent_json), Received(**got_json)
     elif backend == "ray":
         from graphflow.runtime.actors import call_worker
         from graphflow.runtime.cluster import start_local
@@ -127,14 +165,15 @@ def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60
         with tempfile.TemporaryDirectory(prefix="graphflow-ray-") as folder:
             workers = [call_worker(ray, num_cpus=0) for _ in range(2)]
             refs = [w.call.remote(f"{__name__}:ray_side", r, check, folder, timeout_s) for r, w in enumerate(workers)]
-            sent, got = ray.get(refs, timeout=timeout_s * 3 + 120)
+            sent_json, got_json = ray.get(refs, timeout=timeout_s * 3 + 120)
+            sent, got = Sent(**sent_json), Received(**got_json)
             for w in workers:
                 ray.kill(w)
     elif backend == "local":
         config = TransportConfig(timeout_s=timeout_s)
         with tempfile.TemporaryDirectory(prefix="graphflow-local-") as folder:
             a, b = LocalTransport(config), LocalTransport(config)
-            out: dict[int, dict[str, Any]] = {}
+            out: dict[int, Sent] = {}
             sender = threading.Thread(target=lambda: out.setdefault(0, send_side(check, a, b.address, Path(folder))))
             sender.start()
             try:
@@ -146,4 +185,4 @@ def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60
             sent = out[0]
     else:
         raise ValueError(f"unknown backend {backend!r}; use ucx, mpi, ray or local")
-    return {**got, "backend": backend, "send_seconds": sent["seconds"], "processes": 1 if backend == "local" else 2}
+    return TransferCheckResult(got, sent.seconds, 1 if backend == "local" else 2)

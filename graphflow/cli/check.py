@@ -113,16 +113,16 @@ def check_faults(
     chosen = tuple(scenario) or (SCENARIOS + NODE_SCENARIOS if nodes else SCENARIOS)
     result = run_faults(model, chosen, load, timeout, say=say, nodes=nodes)
     if json_out:
-        emit(result)
+        emit(result.to_json())
     else:
         table = Table(title="fault scenarios")
         for col in ("scenario", "completed", "outputs correct", "seconds", "detail"):
             table.add_column(col)
-        for r in result["rows"]:
-            table.add_row(r["name"], str(r["completed"]), str(r["outputs_correct"]), f"{r['seconds']:.1f}", r["detail"])
+        for r in result.rows:
+            table.add_row(r.name, str(r.completed), str(r.outputs_correct), f"{r.seconds:.1f}", r.detail)
         out.print(table)
-        out.print(f"{result['passed']}/{result['scenarios']} passed; lost requests: {result['lost_requests']}")
-    if result["passed"] != result["scenarios"] or result["lost_requests"]:
+        out.print(f"{result.passed}/{len(result.rows)} passed; lost requests: {result.lost_requests}")
+    if not result.ok:
         raise typer.Exit(1)
 
 
@@ -142,17 +142,18 @@ def check_transfer(
     resolve(model)
     say(f"moving a {tokens}-token KV state of {model} over {backend}")
     result = run_transfer_check(backend, TransferCheck(model=model, tokens=tokens), timeout)
+    got = result.received
     if json_out:
-        emit(result)
+        emit(result.to_json())
         return
     table = Table("", "value", title=f"KV transfer over {backend}: {model}, {tokens} tokens")
-    table.add_row("processes", str(result["processes"]))
-    table.add_row("blocks / bytes", f"{result['blocks']} / {result['nbytes']:,}")
-    table.add_row("receive seconds", f"{result['seconds']:.4f}")
-    table.add_row("tokens equal after resume", "[green]yes[/]" if result["tokens_equal"] else "[red]NO[/]")
-    table.add_row("max |Δ logit| vs sender", f"{result['max_abs_logit_diff']:.3g}")
+    table.add_row("processes", str(result.processes))
+    table.add_row("blocks / bytes", f"{got.blocks} / {got.nbytes:,}")
+    table.add_row("receive seconds", f"{got.seconds:.4f}")
+    table.add_row("tokens equal after resume", "[green]yes[/]" if got.tokens_equal else "[red]NO[/]")
+    table.add_row("max |Δ logit| vs sender", f"{got.max_abs_logit_diff:.3g}")
     out.print(table)
-    if not result["tokens_equal"]:
+    if not got.tokens_equal:
         raise typer.Exit(1)
 
 

@@ -53,11 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     result: Any
     try:
         if args.job == "transfer":
-            from graphflow.checks.transfer import TransferCheck, receive_side, send_side
+            from graphflow.checks.transfer import TransferCheck, side_json
 
-            check = TransferCheck(model=args.model, tokens=args.tokens)
-            side = send_side if args.role == 0 else receive_side
-            result = side(check, transport, peer, folder)
+            result = side_json(args.role, TransferCheck(model=args.model, tokens=args.tokens), transport, peer, folder)
         elif args.job == "probe":
             from transport.probe import probe_pair
 

@@ -11,23 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from graphflow.checks.transfer import TransferCheck, run_transfer_check
+from graphflow.checks.transfer import TransferCheck, TransferCheckResult, run_transfer_check
 from graphflow.harness.launch import mpirun_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _assert_resumed(result: dict) -> None:
-    assert result["tokens_equal"] is True
-    assert result["max_abs_logit_diff"] == 0.0
-    assert result["same_config"] is True
-    assert result["blocks"] == 13 and result["nbytes"] == 200 * 512
+def _assert_resumed(result: TransferCheckResult) -> None:
+    got = result.received
+    assert got.tokens_equal is True and result.passed
+    assert got.max_abs_logit_diff == 0.0
+    assert got.same_config is True
+    assert got.blocks == 13 and got.nbytes == 200 * 512
+    assert result.to_json()["processes"] == result.processes and result.send_seconds > 0
 
 
 @pytest.mark.ucx
 def test_ucx_kv_state_between_processes():
     result = run_transfer_check("ucx", TransferCheck(tokens=200), timeout_s=30)
-    assert result["processes"] == 2
+    assert result.processes == 2
     _assert_resumed(result)
 
 

@@ -23,8 +23,8 @@ def ray_cluster():
 
 def test_ray_kv_state_between_processes(ray_cluster):
     result = run_transfer_check("ray", TransferCheck(tokens=200), timeout_s=60)
-    assert result["processes"] == 2
-    assert result["tokens_equal"] is True and result["max_abs_logit_diff"] == 0.0
+    assert result.processes == 2
+    assert result.received.tokens_equal is True and result.received.max_abs_logit_diff == 0.0
 
 
 def send_and_report(name: str, peer: str) -> str:
