@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import publish_served, served_args
-from graphflow.bench.multi_agent import run_multi_agent_bench
+from graphflow.bench.multi_agent import MultiAgentReport, run_multi_agent_bench
 
 HERE = Path(__file__).parent
 FULL = {
@@ -28,25 +28,26 @@ FULL = {
 QUICK = {**FULL, "model": "tiny-llama", "agents": (1, 4), "root_tokens": 512, "decode": 6}
 
 
-def table(result: dict[str, Any], settings: dict[str, Any]) -> str:
+def table(result: MultiAgentReport, settings: dict[str, Any]) -> str:
     lines = [
         "| agents | system | root prefill s | agents s | makespan s | bytes moved | decisions |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
-        decided = ", ".join(f"{k} {v}" for k, v in sorted(r["decisions"].items()))
+    for r in result.rows:
+        decided = ", ".join(f"{k} {v}" for k, v in sorted(r.decisions.items()))
         lines.append(
-            f"| {r['agents']} | {r['system']} | {r['root_prefill_s']:.2f} | {r['agents_s']:.2f} "
-            f"| {r['makespan_s']:.2f} | {r['bytes_moved']:,} | {decided} |"
+            f"| {r.agents} | {r.system} | {r.root_prefill_s:.2f} | {r.agents_s:.2f} "
+            f"| {r.makespan_s:.2f} | {r.bytes_moved:,} | {decided} |"
         )
     lines += ["", "| agents | ideal ÷ ours (efficiency) | agents' part only | dense ÷ ours |", "|---|---|---|---|"]
-    for k, e in result["efficiency"].items():
-        only, dense = result["efficiency_agents_only"][k], result["dense_over_ours"][k]
+    agents_only, dense_over = result.efficiency_agents_only, result.dense_over_ours
+    for k, e in result.efficiency.items():
+        only, dense = agents_only[k], dense_over[k]
         lines.append(f"| {k} | {e:.3f} | {only:.3f} | {dense:.2f} |")
     lines += [
         "",
         f"Model {settings['model']}, {settings['root_tokens']}-token root, {settings['decode']} tokens per "
-        f"agent, {result['threads']} torch thread per replica, 2 replicas, KV over {result['transport']}.",
+        f"agent, {result.threads} torch thread per replica, 2 replicas, KV over {result.transport}.",
     ]
     return "\n".join(lines)
 
@@ -58,7 +59,7 @@ def main() -> None:
     result = run_multi_agent_bench(
         s["model"], s["agents"], s["root_tokens"], s["decode"], s["threads"], s["repeats"], say=say
     )
-    publish_served(HERE, "bench_multi_agent", result, s, table(result, s), args.quick, args.json)
+    publish_served(HERE, "bench_multi_agent", result.to_json(), s, table(result, s), args.quick, args.json)
 
 
 if __name__ == "__main__":

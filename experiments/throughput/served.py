@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import publish_served, served_args
-from graphflow.bench.serve import run_serve_bench
+from graphflow.bench.serve import ServeReport, run_serve_bench
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 
 HERE = Path(__file__).parent
@@ -42,47 +42,46 @@ QUICK = {
 }
 
 
-def table(result: dict[str, Any], settings: dict[str, Any]) -> str:
+def table(result: ServeReport, settings: dict[str, Any]) -> str:
     head = "| batching | workflows | agents | tok/s | TTFT p50 s | TTFT p99 s | replicas' peak RSS growth MiB | KV MiB "
     lines = [head + "| rows per engine step |", "|---" * 9 + "|"]
-    for r in result["rows"]:
-        per_step = f"{r['rows_per_step']:.1f}" if r["batching"] else "—"
+    for r in result.rows:
+        per_step = f"{r.rows_per_step:.1f}" if r.batching else "—"
         lines.append(
-            f"| {'on' if r['batching'] else 'off'} | {r['workflows']} | {r['agents']} "
-            f"| {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.2f} | {r['ttft_p99_s']:.2f} "
-            f"| {r['peak_rss_bytes'] / 2**20:.0f} | {r['kv_bytes'] / 2**20:.0f} | {per_step} |"
+            f"| {'on' if r.batching else 'off'} | {r.workflows} | {r.agents} "
+            f"| {r.tokens_per_s:.1f} | {r.ttft_p50_s:.2f} | {r.ttft_p99_s:.2f} "
+            f"| {r.peak_rss_bytes / 2**20:.0f} | {r.kv_bytes / 2**20:.0f} | {per_step} |"
         )
     lines.append("")
-    speedups = ", ".join(f"{w} workflows {x:.2f}×" for w, x in result["speedup_vs_unbatched"].items())
+    speedups = ", ".join(f"{w} workflows {x:.2f}×" for w, x in result.speedup_vs_unbatched.items())
     lines.append(f"Batched over unbatched tokens/s, same run: {speedups}.")
-    if "scripted_tokens_per_s" in result:
-        top = max(settings["workflows"])
-        ours = next(r["tokens_per_s"] for r in result["rows"] if r["batching"] and r["workflows"] == top)
+    top = result.batched(max(settings["workflows"]))
+    if result.scripted_tokens_per_s is not None and top is not None:
         lines.append(
             f"The scripted agents job (`graphflow/bench/agents.py`, not the served path) on the same "
-            f"workload at {top} workflows, same run: {result['scripted_tokens_per_s']:.1f} tok/s "
-            f"(served batched: {ours:.1f})."
+            f"workload at {top.workflows} workflows, same run: {result.scripted_tokens_per_s:.1f} tok/s "
+            f"(served batched: {top.tokens_per_s:.1f})."
         )
-    for m in result.get("memory", []):
-        mode = "reuse, shared root" if m["reuse"] else "reuse off (dense)"
+    for m in result.memory:
+        mode = "reuse, shared root" if m.reuse else "reuse off (dense)"
         lines.append(
-            f"* {m['agents']} agents over one {m['root_tokens']}-token root, batching "
-            f"{'on' if m['batching'] else 'off'}, {mode}: holder's peak RSS growth "
-            f"{m['peak_rss_bytes'] / 2**20:.0f} MiB in {m['wall_s']:.1f} s"
+            f"* {m.agents} agents over one {m.root_tokens}-token root, batching "
+            f"{'on' if m.batching else 'off'}, {mode}: holder's peak RSS growth "
+            f"{m.peak_rss_bytes / 2**20:.0f} MiB in {m.wall_s:.1f} s"
         )
-    for k, v in result.get("memory_growth_vs_dense", {}).items():
+    for k, v in result.memory_growth_vs_dense.items():
         lines.append(f"* peak growth over dense's, {k.replace('_', ' ')}: {v:.2f}×")
-    for h in result.get("head_of_line", []):
+    for h in result.head_of_line:
         lines.append(
-            f"* a short node's TTFT p99, batching {'on' if h['batching'] else 'off'}: idle "
-            f"{h['idle_p99_s']:.2f} s, during a {h['prefill_tokens']}-token prefill {h['loaded_p99_s']:.2f} s "
-            f"({h['ratio_p99']:.2f}×, {len(h['loaded_ttft_s'])} samples)"
+            f"* a short node's TTFT p99, batching {'on' if h.batching else 'off'}: idle "
+            f"{h.idle_p99_s:.2f} s, during a {h.prefill_tokens}-token prefill {h.loaded_p99_s:.2f} s "
+            f"({h.ratio_p99:.2f}×, {len(h.loaded_ttft_s)} samples)"
         )
     lines.append("")
     lines.append(
         f"Model {settings['model']}, {settings['threads']} torch thread per replica, 2 replicas, "
         f"{settings['max_batch_tokens']} tokens per engine step; agent prompts "
-        f"{result['agent_prompt_tokens']} tokens, {settings['decode']} generated."
+        f"{', '.join(map(str, result.agent_prompt_tokens))} tokens, {settings['decode']} generated."
     )
     return "\n".join(lines)
 
@@ -109,7 +108,7 @@ def main() -> None:
         scripted=not args.no_scripted,
         say=say,
     )
-    publish_served(HERE, "bench_serve", result, s, table(result, s), args.quick, args.json)
+    publish_served(HERE, "bench_serve", result.to_json(), s, table(result, s), args.quick, args.json)
 
 
 if __name__ == "__main__":

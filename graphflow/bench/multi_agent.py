@@ -29,7 +29,7 @@ from graphflow.bench.served import PinnedAgent
 from graphflow.client import Client, connect, new_run_id
 from graphflow.workflow.compile import ROOT
 
-__all__ = ["MultiAgentBench", "MultiAgentRow", "run_multi_agent_bench"]
+__all__ = ["MultiAgentBench", "MultiAgentReport", "MultiAgentRow", "run_multi_agent_bench"]
 
 SYSTEMS = ("ours", "ideal", "dense")
 
@@ -94,21 +94,47 @@ class MultiAgentBench:
         )
 
 
-def summarize(rows: Sequence[MultiAgentRow]) -> dict[str, Any]:
-    """Rows plus, per k, ideal ÷ ours (efficiency: makespans, the root's prefill included, as
-    the ideal is defined), the same over the agents' part alone, and dense ÷ ours."""
-    by = {(r.agents, r.system): r for r in rows}
-    ks = sorted({r.agents for r in rows})
-    eff = {k: by[k, "ideal"].makespan_s / by[k, "ours"].makespan_s for k in ks if (k, "ideal") in by}
-    agents_only = {k: by[k, "ideal"].agents_s / by[k, "ours"].agents_s for k in ks if (k, "ideal") in by}
-    dense = {k: by[k, "dense"].makespan_s / by[k, "ours"].makespan_s for k in ks if (k, "dense") in by}
-    return {
-        "rows": [asdict(r) for r in rows],
-        "efficiency": eff,
-        "efficiency_agents_only": agents_only,
-        "dense_over_ours": dense,
-        "efficiency_min": min(eff.values()) if eff else None,
-    }
+@dataclass(frozen=True, slots=True)
+class MultiAgentReport:
+    """The trials kept, and per k the ratios the targets are judged by (same run): ideal ÷ ours
+    (efficiency: makespans, the root's prefill included, as the ideal is defined), the same over
+    the agents' part alone, and dense ÷ ours."""
+
+    rows: tuple[MultiAgentRow, ...]
+    threads: int = 0  # torch threads per replica
+    transport: str = ""
+
+    def _over_ours(self, system: str, part: Callable[[MultiAgentRow], float]) -> dict[int, float]:
+        by = {(r.agents, r.system): r for r in self.rows}
+        ks = sorted({r.agents for r in self.rows})
+        return {k: part(by[k, system]) / part(by[k, "ours"]) for k in ks if (k, system) in by and (k, "ours") in by}
+
+    @property
+    def efficiency(self) -> dict[int, float]:
+        return self._over_ours("ideal", lambda r: r.makespan_s)
+
+    @property
+    def efficiency_agents_only(self) -> dict[int, float]:
+        return self._over_ours("ideal", lambda r: r.agents_s)
+
+    @property
+    def dense_over_ours(self) -> dict[int, float]:
+        return self._over_ours("dense", lambda r: r.makespan_s)
+
+    @property
+    def efficiency_min(self) -> float | None:
+        return min(self.efficiency.values(), default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rows": [asdict(r) for r in self.rows],
+            "efficiency": self.efficiency,
+            "efficiency_agents_only": self.efficiency_agents_only,
+            "dense_over_ours": self.dense_over_ours,
+            "efficiency_min": self.efficiency_min,
+            "threads": self.threads,
+            "transport": self.transport,
+        }
 
 
 def run_multi_agent_bench(
@@ -119,7 +145,7 @@ def run_multi_agent_bench(
     threads: int = 0,
     repeats: int = 1,
     say: Callable[[str], None] = lambda _m: None,
-) -> dict[str, Any]:
+) -> MultiAgentReport:
     """Every system at every k on one fresh two-replica embedded deployment (after a warm-up
     trial); with ``repeats`` > 1 the trial of median makespan is kept per (k, system)."""
     if not agents or min(agents) < 1 or min(root_tokens, decode, repeats) < 1:
@@ -134,7 +160,5 @@ def run_multi_agent_bench(
             say(f"{k} agents: {system}")
             tries = sorted((bench.trial(system, k, root_tokens) for _ in range(repeats)), key=lambda r: r.makespan_s)
             rows.append(tries[len(tries) // 2])
-    out = summarize(rows)
     first = client.status()[0]
-    out["threads"], out["transport"] = first.threads, first.transport
-    return out
+    return MultiAgentReport(tuple(rows), first.threads, first.transport)

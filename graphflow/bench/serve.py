@@ -34,7 +34,16 @@ from graphflow.runtime.executor import NodeTrace, RunResult
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from graphflow.workflow.compile import ROOT, ExecGraph, ExecNode
 
-__all__ = ["HolRow", "MemoryRow", "ServeBench", "ServeRow", "agents_graph", "decision_counts", "percentile"]
+__all__ = [
+    "HolRow",
+    "MemoryRow",
+    "ServeBench",
+    "ServeReport",
+    "ServeRow",
+    "agents_graph",
+    "decision_counts",
+    "percentile",
+]
 
 HOLDER = "graphflow-replica-0"
 
@@ -99,8 +108,16 @@ class HolRow:
     loaded_ttft_s: tuple[float, ...]
 
     @property
+    def idle_p99_s(self) -> float:
+        return percentile(self.idle_ttft_s, 0.99)
+
+    @property
+    def loaded_p99_s(self) -> float:
+        return percentile(self.loaded_ttft_s, 0.99)
+
+    @property
     def ratio_p99(self) -> float:
-        return percentile(self.loaded_ttft_s, 0.99) / max(percentile(self.idle_ttft_s, 0.99), 1e-9)
+        return self.loaded_p99_s / max(self.idle_p99_s, 1e-9)
 
 
 class ServeBench:
@@ -214,9 +231,9 @@ class ServeBench:
             worker.join()
         return HolRow(self.batching, prefill_tokens, idle, tuple(loaded))
 
-    def prompt_tokens(self, agents: int) -> list[int]:
+    def prompt_tokens(self, agents: int) -> tuple[int, ...]:
         """Each agent prompt's length in the served model's tokens."""
-        return [len(self.contexts.encode(_agent_prompt(i))) for i in range(agents)]
+        return tuple(len(self.contexts.encode(_agent_prompt(i))) for i in range(agents))
 
     def _engine_counts(self) -> tuple[int, int]:
         """(engine steps, forward rows) the replicas' loops have run so far."""
@@ -277,7 +294,7 @@ def run_serve_bench(
     hol_prefill: int = 0,
     scripted: bool = False,
     say: Callable[[str], None] = lambda _m: None,
-) -> dict[str, Any]:
+) -> ServeReport:
     """Every measurement for each mode (batching on / off) on a fresh embedded deployment, and
     with ``scripted`` the scripted agents job at the largest workflow count."""
     if not workflows or min(workflows) < 1 or min(root_tokens, agents, decode) < 1:
@@ -311,37 +328,57 @@ def run_serve_bench(
         if hol_prefill:
             say(f"{label}: a short node during a {hol_prefill}-token prefill")
             hol.append(bench.head_of_line(hol_prefill))
-    out = summarize(rows, memory, hol)
-    out["agent_prompt_tokens"] = bench.prompt_tokens(agents)
+    scripted_rate = None
     if scripted:
         say(f"the scripted agents job at {max(workflows)} workflows")
-        out["scripted_tokens_per_s"] = scripted_tokens_per_s(model, root_tokens, max(workflows), 64, decode)
-    return out
+        scripted_rate = scripted_tokens_per_s(model, root_tokens, max(workflows), 64, decode)
+    return ServeReport(tuple(rows), tuple(memory), tuple(hol), bench.prompt_tokens(agents), scripted_rate)
 
 
-def summarize(rows: Sequence[ServeRow], memory: Sequence[MemoryRow], hol: Sequence[HolRow]) -> dict[str, Any]:
-    """The bench's JSON: rows plus the ratios its targets are judged by (same run)."""
-    out: dict[str, Any] = {"rows": [asdict(r) for r in rows]}
-    on = {r.workflows: r for r in rows if r.batching}
-    off = {r.workflows: r for r in rows if not r.batching}
-    out["speedup_vs_unbatched"] = {w: on[w].tokens_per_s / off[w].tokens_per_s for w in on if w in off}
-    if memory:
-        out["memory"] = [asdict(m) for m in memory]
-        dense = {m.batching: m for m in memory if not m.reuse}
-        ours = {m.batching: m for m in memory if m.reuse}
-        out["memory_growth_vs_dense"] = {
+@dataclass(frozen=True, slots=True)
+class ServeReport:
+    """The bench's rows, and the ratios its targets are judged by (same run)."""
+
+    rows: tuple[ServeRow, ...]
+    memory: tuple[MemoryRow, ...] = ()
+    head_of_line: tuple[HolRow, ...] = ()
+    agent_prompt_tokens: tuple[int, ...] = ()
+    scripted_tokens_per_s: float | None = None  # the scripted agents job, same workload, same run
+
+    @property
+    def speedup_vs_unbatched(self) -> dict[int, float]:
+        on = {r.workflows: r for r in self.rows if r.batching}
+        off = {r.workflows: r for r in self.rows if not r.batching}
+        return {w: on[w].tokens_per_s / off[w].tokens_per_s for w in on if w in off}
+
+    @property
+    def memory_growth_vs_dense(self) -> dict[str, float]:
+        """Per batching mode: the holder's peak growth with the shared root over dense's."""
+        dense = {m.batching: m for m in self.memory if not m.reuse}
+        ours = {m.batching: m for m in self.memory if m.reuse}
+        return {
             ("batching" if b else "no_batching"): ours[b].peak_rss_bytes / max(1, dense[b].peak_rss_bytes)
             for b in ours
             if b in dense
         }
-    if hol:
-        out["head_of_line"] = [
-            {
-                **asdict(h),
-                "idle_p99_s": percentile(h.idle_ttft_s, 0.99),
-                "loaded_p99_s": percentile(h.loaded_ttft_s, 0.99),
-                "ratio_p99": h.ratio_p99,
-            }
-            for h in hol
-        ]
-    return out
+
+    def batched(self, workflows: int) -> ServeRow | None:
+        return next((r for r in self.rows if r.batching and r.workflows == workflows), None)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "rows": [asdict(r) for r in self.rows],
+            "speedup_vs_unbatched": self.speedup_vs_unbatched,
+            "agent_prompt_tokens": list(self.agent_prompt_tokens),
+        }
+        if self.memory:
+            out["memory"] = [asdict(m) for m in self.memory]
+            out["memory_growth_vs_dense"] = self.memory_growth_vs_dense
+        if self.head_of_line:
+            out["head_of_line"] = [
+                {**asdict(h), "idle_p99_s": h.idle_p99_s, "loaded_p99_s": h.loaded_p99_s, "ratio_p99": h.ratio_p99}
+                for h in self.head_of_line
+            ]
+        if self.scripted_tokens_per_s is not None:
+            out["scripted_tokens_per_s"] = self.scripted_tokens_per_s
+        return out

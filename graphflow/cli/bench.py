@@ -199,7 +199,7 @@ def bench_multi_agent_cmd(
 
     result = run_multi_agent_bench(model, ints(agents, "--agents"), root_tokens, decode, threads, repeats, say=say)
     if json_out:
-        emit(result)
+        emit(result.to_json())
         return
     table = Table(
         "agents",
@@ -211,19 +211,20 @@ def bench_multi_agent_cmd(
         "decisions",
         title=f"bench multi-agent: {model}, {root_tokens}-token root",
     )
-    for r in result["rows"]:
+    for r in result.rows:
         table.add_row(
-            str(r["agents"]),
-            r["system"],
-            f"{r['root_prefill_s']:.2f}",
-            f"{r['agents_s']:.2f}",
-            f"{r['makespan_s']:.2f}",
-            f"{r['bytes_moved']:,}",
-            json.dumps(r["decisions"]),
+            str(r.agents),
+            r.system,
+            f"{r.root_prefill_s:.2f}",
+            f"{r.agents_s:.2f}",
+            f"{r.makespan_s:.2f}",
+            f"{r.bytes_moved:,}",
+            json.dumps(r.decisions),
         )
     out.print(table)
-    for k, e in result["efficiency"].items():
-        out.print(f"{k} agents: ideal ÷ ours {e:.3f}, dense ÷ ours {result['dense_over_ours'][k]:.2f}")
+    dense = result.dense_over_ours
+    for k, e in result.efficiency.items():
+        out.print(f"{k} agents: ideal ÷ ours {e:.3f}, dense ÷ ours {dense[k]:.2f}" if k in dense else f"{k}: {e:.3f}")
 
 
 @app.command("serve")
@@ -270,7 +271,7 @@ def bench_serve_cmd(
         say=say,
     )
     if json_out:
-        emit(result)
+        emit(result.to_json())
         return
     table = Table(
         "batching",
@@ -284,32 +285,35 @@ def bench_serve_cmd(
         "rows/step",
         title=f"bench serve: {model}",
     )
-    for r in result["rows"]:
+    for r in result.rows:
         table.add_row(
-            "on" if r["batching"] else "off",
-            str(r["workflows"]),
-            str(r["agents"]),
-            f"{r['tokens_per_s']:.1f}",
-            f"{r['ttft_p50_s']:.3f}",
-            f"{r['ttft_p99_s']:.3f}",
-            f"{r['peak_rss_bytes'] / 2**20:.0f}",
-            f"{r['kv_bytes'] / 2**20:.0f}",
-            f"{r['rows_per_step']:.1f}" if r["batching"] else "—",
+            "on" if r.batching else "off",
+            str(r.workflows),
+            str(r.agents),
+            f"{r.tokens_per_s:.1f}",
+            f"{r.ttft_p50_s:.3f}",
+            f"{r.ttft_p99_s:.3f}",
+            f"{r.peak_rss_bytes / 2**20:.0f}",
+            f"{r.kv_bytes / 2**20:.0f}",
+            f"{r.rows_per_step:.1f}" if r.batching else "—",
         )
     out.print(table)
-    for w, x in result["speedup_vs_unbatched"].items():
+    for w, x in result.speedup_vs_unbatched.items():
         out.print(f"{w} workflows: {x:.2f}× the unbatched served path")
-    for m in result.get("memory", []):
-        mode = f"batching {'on' if m['batching'] else 'off'}, reuse {'on' if m['reuse'] else 'off (dense)'}"
+    if result.scripted_tokens_per_s is not None:
         out.print(
-            f"{m['agents']} agents over {m['root_tokens']} tokens, {mode}: "
-            f"peak growth {m['peak_rss_bytes'] / 2**20:.0f} MiB"
+            f"the scripted agents job (not the served path), same workload: {result.scripted_tokens_per_s:.1f} tok/s"
         )
-    for h in result.get("head_of_line", []):
+    for m in result.memory:
+        mode = f"batching {'on' if m.batching else 'off'}, reuse {'on' if m.reuse else 'off (dense)'}"
         out.print(
-            f"short node TTFT p99, batching {'on' if h['batching'] else 'off'}: idle {h['idle_p99_s']:.3f} s, "
-            f"during a {h['prefill_tokens']}-token prefill {h['loaded_p99_s']:.3f} s "
-            f"({h['ratio_p99']:.2f}×, {len(h['loaded_ttft_s'])} samples)"
+            f"{m.agents} agents over {m.root_tokens} tokens, {mode}: peak growth {m.peak_rss_bytes / 2**20:.0f} MiB"
+        )
+    for h in result.head_of_line:
+        out.print(
+            f"short node TTFT p99, batching {'on' if h.batching else 'off'}: idle {h.idle_p99_s:.3f} s, "
+            f"during a {h.prefill_tokens}-token prefill {h.loaded_p99_s:.3f} s "
+            f"({h.ratio_p99:.2f}×, {len(h.loaded_ttft_s)} samples)"
         )
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from graphflow.bench.multi_agent import MultiAgentRow, summarize
+from graphflow.bench.multi_agent import MultiAgentReport, MultiAgentRow
 
 
 def _row(system: str, k: int, prefill: float, agents: float) -> MultiAgentRow:
@@ -14,9 +14,12 @@ def test_efficiency_is_the_ideal_over_ours_with_and_without_the_roots_prefill():
         _row("dense", 2, 0.0, 8.0),
         _row("ours", 4, 1.0, 4.0),
     ]
-    got = summarize(rows)
-    assert got["efficiency"] == {2: pytest.approx(3.0 / 4.0)}
-    assert got["efficiency_agents_only"] == {2: pytest.approx(2.0 / 3.0)}
-    assert got["dense_over_ours"] == {2: pytest.approx(2.0)}
-    assert got["efficiency_min"] == pytest.approx(0.75)
-    assert [r["system"] for r in got["rows"]] == ["ours", "ideal", "dense", "ours"]
+    got = MultiAgentReport(tuple(rows))
+    assert got.efficiency == {2: pytest.approx(3.0 / 4.0)}
+    assert got.efficiency_agents_only == {2: pytest.approx(2.0 / 3.0)}
+    assert got.dense_over_ours == {2: pytest.approx(2.0)}
+    assert got.efficiency_min == pytest.approx(0.75)
+    flat = got.to_json()
+    assert [r["system"] for r in flat["rows"]] == ["ours", "ideal", "dense", "ours"]
+    assert flat["efficiency"] == got.efficiency and flat["efficiency_min"] == got.efficiency_min
+    assert MultiAgentReport(()).efficiency_min is None

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphflow.bench.serve import HolRow, MemoryRow, ServeRow, agents_graph, percentile, summarize
+from graphflow.bench.serve import HolRow, MemoryRow, ServeReport, ServeRow, agents_graph, percentile
 from graphflow.workflow.compile import ROOT
 
 
@@ -29,8 +29,13 @@ def test_summary_ratios_come_from_the_same_run():
     rows = [row(True, 1, 20.0), row(True, 16, 90.0), row(False, 1, 10.0), row(False, 16, 30.0)]
     memory = [MemoryRow(True, True, 16, 4096, 100, 1.0), MemoryRow(True, False, 16, 4096, 1000, 9.0)]
     hol = [HolRow(True, 4096, (0.5, 0.5), (0.6, 1.0))]
-    out = summarize(rows, memory, hol)
-    assert out["speedup_vs_unbatched"] == {1: 2.0, 16: 3.0}
-    assert out["memory_growth_vs_dense"] == {"batching": 0.1}
-    assert out["head_of_line"][0]["ratio_p99"] == pytest.approx(percentile([0.6, 1.0], 0.99) / 0.5)
+    report = ServeReport(tuple(rows), tuple(memory), tuple(hol), (40, 41))
+    assert report.speedup_vs_unbatched == {1: 2.0, 16: 3.0}
+    assert report.memory_growth_vs_dense == {"batching": 0.1}
+    assert report.head_of_line[0].ratio_p99 == pytest.approx(percentile([0.6, 1.0], 0.99) / 0.5)
+    assert report.batched(16) is rows[1] and report.batched(4) is None
+    out = report.to_json()
+    assert out["speedup_vs_unbatched"] == report.speedup_vs_unbatched and "scripted_tokens_per_s" not in out
+    assert out["head_of_line"][0]["ratio_p99"] == report.head_of_line[0].ratio_p99
     assert [r["tokens_per_s"] for r in out["rows"]] == [20.0, 90.0, 10.0, 30.0]
+    assert out["agent_prompt_tokens"] == [40, 41]
