@@ -99,8 +99,8 @@ def main() -> None:
     for r in rows:  # what the pair was configured as, beside what serve measured
         a, b = (int(x.rsplit("-", 1)[-1]) for x in (r["src"], r["dst"]))
         r["configured"] = spec.rate(a, b)
-    summary = {k: result[k] for k in ("points", "decision_accuracy", "median_rel_error", "regret")}
-    (out / "summary.json").write_text(json.dumps({**summary, "links_gbps": result["links_gbps"]}, indent=2))
+    summary = {k: getattr(result, k) for k in ("points", "decision_accuracy", "median_rel_error", "regret")}
+    (out / "summary.json").write_text(json.dumps({**summary, "links_gbps": dict(result.links_gbps)}, indent=2))
     write_meta(out, model=MODEL, contexts=contexts, repeats=args.repeats, links=LINKS, nodes=3, replicas=3)
     replace_section(HERE / "README.md", "deployment", table(rows, summary))
     print(json.dumps(summary) if args.json else table(rows, summary))

@@ -17,11 +17,11 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from graphflow.bench.sweep_points import SweepPoint
 from graphflow.kv.codec import from_wire, to_wire
 from graphflow.kv.exchange import spec_for_prompt
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
@@ -29,7 +29,7 @@ from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
 from graphflow.runtime.calibration import median_seconds
 from scheduler.calibrate import Profile, fit_linear, fit_link, fit_prefill
-from scheduler.policy import Option, Policy, RemoteCopy, StateRequest, decide, prediction_error, regret
+from scheduler.policy import Option, Policy, RemoteCopy, StateRequest, decide
 from transport.base import TransferSpec
 from transport.message import MessageTransport
 from transport.probe import probe_pair
@@ -121,7 +121,7 @@ def _calib_lengths(plan: SweepPlan) -> list[int]:
     return cal
 
 
-def analyse(result: dict[str, Any], model: str, link_name: str) -> tuple[list[dict[str, Any]], Profile]:
+def analyse(result: dict[str, Any], model: str, link_name: str) -> tuple[list[SweepPoint], Profile]:
     """Fit the profile from the run's calibration, predict and decide every sweep point."""
     prof = Profile(
         model=model,
@@ -142,38 +142,18 @@ def analyse(result: dict[str, Any], model: str, link_name: str) -> tuple[list[di
         )
         measured = {Option.RECOMPUTE: row["recompute_s"], Option.TRANSFER: row["transfer_s"]}
         d = decide(req, pol)
-        d = d.with_measured(measured[d.option], measured)
-        oracle = min(measured, key=lambda o: measured[o])
         out.append(
-            {
-                "model": model,
-                "link": link_name,
-                "context": row["context"],
-                "nbytes": row["nbytes"],
-                "link_gbps_fitted": prof.links[link_name].gbps,
-                "measured_recompute_s": row["recompute_s"],
-                "measured_transfer_s": row["transfer_s"],
-                "measured_recv_s": row["recv_s"],
-                "measured_resume_s": row["resume_s"],
-                "predicted_recompute_s": d.predicted_s[Option.RECOMPUTE],
-                "predicted_transfer_s": d.predicted_s[Option.TRANSFER],
-                "decision": d.option.value,
-                "oracle": oracle.value,
-                "right": measured[d.option] <= 1.05 * measured[oracle],
-                "rel_error": prediction_error([d])[0],
-                "regret": regret([d]),
-                "_decision": d,
-            }
+            SweepPoint(
+                model,
+                link_name,
+                row["context"],
+                row["nbytes"],
+                prof.links[link_name].gbps,
+                row["recompute_s"],
+                row["transfer_s"],
+                row["recv_s"],
+                row["resume_s"],
+                d.with_measured(measured[d.option], measured),
+            )
         )
     return out, prof
-
-
-def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    decisions = [r["_decision"] for r in rows]
-    errs = prediction_error(decisions)
-    return {
-        "points": len(rows),
-        "decision_accuracy": sum(r["right"] for r in rows) / len(rows),
-        "median_rel_error": statistics.median(errs),
-        "regret": regret(decisions),
-    }

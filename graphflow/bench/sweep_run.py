@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from graphflow.bench.sweep import analyse, summarize
+from graphflow.bench.sweep import analyse
+from graphflow.bench.sweep_points import SweepPoint, SweepSummary, summarize
 from graphflow.harness.launch import run_two_processes
 from graphflow.harness.netns import shaped_link
 
@@ -37,9 +38,9 @@ def run_sweep(
     out: Path,
     repeats: int = 3,
     say: Callable[[str], None] = lambda _m: None,
-) -> dict[str, Any]:
+) -> SweepSummary:
     """Loopback runs for each backend, then ucx over tcp through each shaped link."""
-    rows: list[dict[str, Any]] = []
+    rows: list[SweepPoint] = []
     for backend in backends:
         say(f"{model}: {backend} over loopback")
         _, got = run_two_processes(backend, _job(model, contexts, repeats), timeout_s=7200)
@@ -60,7 +61,7 @@ def run_deployment_sweep(
     out: Path,
     repeats: int = 3,
     say: Callable[[str], None] = lambda _m: None,
-) -> dict[str, Any]:
+) -> SweepSummary:
     """The sweep between the served replicas of the deployment at ``address`` (see
     ``bench.sweep_served``); ``pairs`` as ``replica-0:replica-2,…`` ('' = every ordered pair)."""
     from graphflow.bench.sweep_served import parse_pairs, sweep_deployment
@@ -74,24 +75,21 @@ def run_deployment_sweep(
     if limit and max(contexts) + 128 > limit:
         raise ValueError(f"{served} accepts {limit} positions; keep --contexts at most {limit - 128} tokens")
     rows = sweep_deployment(client, served, contexts, repeats, parse_pairs(pairs, client.cluster.replicas), say)
-    return {
-        **write_sweep(rows, out),
-        "pairs": sorted({r["link"] for r in rows}),
-        "links_gbps": {r["link"]: r["link_gbps_fitted"] for r in rows},
-    }
+    links = {r.link: r.link_gbps_fitted for r in rows}
+    return replace(write_sweep(rows, out), pairs=tuple(sorted(links)), links_gbps=links)
 
 
-def write_sweep(rows: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+def write_sweep(rows: list[SweepPoint], out: Path) -> SweepSummary:
     """``sweep.csv``, ``sweep.png`` and the summary (decision accuracy, prediction error, regret)."""
-    out.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
-    plain = [{k: v for k, v in r.items() if k != "_decision"} for r in rows]
+    out.mkdir(parents=True, exist_ok=True)
+    plain = [r.csv_row() for r in rows]
     with open(out / "sweep.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(plain[0]))
         writer.writeheader()
         writer.writerows(plain)
     plot_sweep(out / "sweep.csv", out / "sweep.png")
-    return {**summary, "csv": str(out / "sweep.csv"), "png": str(out / "sweep.png")}
+    return replace(summary, csv=str(out / "sweep.csv"), png=str(out / "sweep.png"))
 
 
 def plot_sweep(csv_path: Path, png_path: Path) -> None:

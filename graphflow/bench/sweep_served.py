@@ -17,11 +17,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from graphflow.bench.served import PinnedAgent
+from graphflow.bench.sweep_points import SweepPoint
 from graphflow.client import Client
-from scheduler.policy import Option, prediction_error, regret
+from scheduler.policy import Option
 
 __all__ = ["parse_pairs", "sweep_deployment"]
 
@@ -48,8 +48,8 @@ def sweep_deployment(
     repeats: int,
     pairs: Sequence[tuple[str, str]],
     say: Callable[[str], None] = lambda _m: None,
-) -> list[dict[str, Any]]:
-    """Rows with the two-process sweep's keys plus the pair, its hosts and its measured link."""
+) -> list[SweepPoint]:
+    """Points as the two-process sweep's, plus the pair, its hosts and its measured link."""
     agent = PinnedAgent(client)
     hosts = agent.hosts()
     recompute: dict[tuple[str, int], float] = {}
@@ -72,31 +72,22 @@ def sweep_deployment(
             d = runs[0].decision
             scores = {o: d.scores[o] for o in measured}
             choice = min(scores, key=lambda o: (scores[o], list(Option).index(o)))
-            unforced = replace(d, option=choice).with_measured(measured[choice], measured)
-            oracle = min(measured, key=lambda o: measured[o])
             rows.append(
-                {
-                    "model": model,
-                    "link": f"{src.removeprefix('graphflow-')}>{dst.removeprefix('graphflow-')}",
-                    "src": src,
-                    "dst": dst,
-                    "src_host": hosts.get(src, ""),
-                    "dst_host": hosts.get(dst, ""),
-                    "context": n,
-                    "nbytes": runs[0].trace.bytes_moved,
-                    "link_gbps_fitted": link.gbps,
-                    "measured_recompute_s": measured[Option.RECOMPUTE],
-                    "measured_transfer_s": transfer,
-                    "measured_recv_s": statistics.median(p.get("receive", 0.0) for p in phases),
-                    "measured_resume_s": statistics.median(p.get("rebuild", 0.0) for p in phases),
-                    "predicted_recompute_s": d.predicted_s[Option.RECOMPUTE],
-                    "predicted_transfer_s": d.predicted_s[Option.TRANSFER],
-                    "decision": choice.value,
-                    "oracle": oracle.value,
-                    "right": measured[choice] <= 1.05 * measured[oracle],
-                    "rel_error": prediction_error([unforced])[0],
-                    "regret": regret([unforced]),
-                    "_decision": unforced,
-                }
+                SweepPoint(
+                    model,
+                    f"{src.removeprefix('graphflow-')}>{dst.removeprefix('graphflow-')}",
+                    n,
+                    runs[0].trace.bytes_moved,
+                    link.gbps,
+                    measured[Option.RECOMPUTE],
+                    transfer,
+                    statistics.median(p.get("receive", 0.0) for p in phases),
+                    statistics.median(p.get("rebuild", 0.0) for p in phases),
+                    replace(d, option=choice).with_measured(measured[choice], measured),
+                    src,
+                    dst,
+                    hosts.get(src, ""),
+                    hosts.get(dst, ""),
+                )
             )
     return rows

@@ -371,9 +371,9 @@ def sweep_transfer_vs_recompute(
     if address:
         result = run_deployment_sweep(address, model, ints(contexts, "--contexts"), pairs, out_dir, repeats, say=say)
         if json_out:
-            emit(result)
+            emit(result.to_json())
         else:
-            kv_table(f"transfer vs recompute on the deployment at {address}", result)
+            kv_table(f"transfer vs recompute on the deployment at {address}", result.to_json())
         return
     resolve(model)
     result = run_sweep(
@@ -386,6 +386,6 @@ def sweep_transfer_vs_recompute(
         say=say,
     )
     if json_out:
-        emit(result)
+        emit(result.to_json())
     else:
-        kv_table(f"transfer vs recompute: {model}", result)
+        kv_table(f"transfer vs recompute: {model}", result.to_json())

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 HEAD = "127.0.0.1:6379"
 
 
-def test_serve_submit_status_shutdown():
+def test_serve_submit_status_shutdown(tmp_path):
     _cli("shutdown", "--address", HEAD, "--json", check=False)  # a clean slate if an earlier run left a head
     try:
         fuzzy = _cli("serve", "--model", "tiny-llama", "--kv-mode", "fuzzy", check=False)
@@ -48,6 +48,28 @@ def test_serve_submit_status_shutdown():
         assert sum(r["hits"] for r in status["replicas"]) > 0
         # the replicas ran the nodes through their engine loops (batching is the default)
         assert all(r["batching"] for r in status["replicas"]) and sum(r["engine_steps"] for r in status["replicas"]) > 0
+        # the sweep between the deployment's served replicas: one ordered pair, its link as serve measured it
+        sweep = _last_json(
+            _cli(
+                "sweep",
+                "transfer-vs-recompute",
+                "--address",
+                "ray://127.0.0.1:10001",
+                "--model",
+                "tiny-llama",
+                "--contexts",
+                "64,160",
+                "--repeats",
+                "1",
+                "--pairs",
+                "replica-0:replica-1",
+                "--out",
+                str(tmp_path),
+                "--json",
+            )
+        )
+        assert sweep["points"] == 2 and sweep["pairs"] == ["replica-0>replica-1"] and sweep["links_gbps"]
+        assert (tmp_path / "sweep.csv").read_text().splitlines()[0].startswith("model,link,src,dst,")
         bad = subprocess.run(
             [sys.executable, "-m", "graphflow.cli", "status", "--address", "127.0.0.1:6379"],
             capture_output=True,
