@@ -7,7 +7,6 @@ import typer
 from rich.table import Table
 
 from graphflow.cli._common import emit, kv_table, out, say, trace_table, user_errors
-from graphflow.workflow.shapes import fan_out_workflow
 
 app = typer.Typer(help="End-to-end correctness checks.", no_args_is_help=True)
 
@@ -172,37 +171,17 @@ def check_e2e(
 
     The shared task context is long enough (~4K tokens on the byte-level test models) that
     moving its KV beats recomputing it on the second replica, as measured at connect time."""
+    from graphflow.checks.e2e import run_e2e_check
     from graphflow.client import connect
     from graphflow.models.registry import resolve
 
     resolve(model)
-    wf = fan_out_workflow(branches)
     client = connect(None, model=model, replicas=replicas, decode_steps=decode, transport=transport)
-    task = (
-        "A warehouse ships 120 boxes on Monday and 3 times as many on Tuesday. Each box holds 8 items. "
-        "How many items were shipped in the two days together? "
-    ) * context_repeats
-    exact = client.run(task, wf)
-    plain = client.run(task, wf, reuse=False)
-    transports = sorted({s.transport for s in client.status()})
-    result = {
-        "outputs_identical": exact.outputs == plain.outputs,
-        "bytes_moved": exact.bytes_moved,
-        "root_prefill_tokens": exact.root_prefill_tokens,
-        "prefill_tokens_saved": exact.prefill_tokens_saved,
-        "prefill_tokens_reuse": exact.prefill_tokens,
-        "prefill_tokens_no_reuse": plain.prefill_tokens,
-        "transport": transports[0] if len(transports) == 1 else ",".join(transports),
-        "replicas": replicas,
-        "branches": branches,
-        "replicas_used": sorted({t.replica for t in exact.trace}),
-        "decisions": {t.node: t.decision for t in exact.trace},
-        "link_gbps_min": client.executor.links.slowest.gbps,
-    }
+    result, exact = run_e2e_check(client, branches, context_repeats)
     if json_out:
-        emit(result)
+        emit(result.to_json())
     else:
         out.print(trace_table("exact mode", exact))
-        out.print(result)
-    if not result["outputs_identical"]:
+        kv_table("exact mode vs reuse off", {k: v for k, v in result.to_json().items() if k != "decisions"})
+    if not result.passed:
         raise typer.Exit(1)

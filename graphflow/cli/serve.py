@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +284,7 @@ def demo(
     """The main job, embedded: real tasks through generated workflows on replica actors, plus
     one workflow of parallel branches that spread over the replicas (KV moved over UCX);
     each run twice (KV reuse on / off) to show time, TTFT and prefill tokens saved."""
+    from graphflow.checks.e2e import ReuseComparison, compare_reuse
     from graphflow.client import connect
     from graphflow.workflow.tasks import default_tasks_dir, task_text
 
@@ -300,37 +300,19 @@ def demo(
     runs: list[tuple[str, Any]] = [(task, None) for task in picked[:tasks]]
     if replicas > 1:  # one workflow whose parallel branches spread over the replicas
         runs.append((picked[0], fan_out_workflow(branches)))
-    summary = []
+    summary: list[ReuseComparison] = []
     for i, (task, wf) in enumerate(runs):
         shape = "generated workflow" if wf is None else f"{branches} parallel branches"
-        say(f"run {i + 1}/{len(runs)} ({shape}): with KV reuse")
-        on = client.run(task, wf)
-        say(f"run {i + 1}: without KV reuse")
-        off = client.run(task, wf, reuse=False)
+        say(f"run {i + 1}/{len(runs)} ({shape}): with KV reuse, then without")
+        compared, on = compare_reuse(client, task, wf, shape)
         if not json_out:
             out.print(trace_table(f"run {i + 1} ({shape}): {task[:60]!r}…", on))
             out.print(f"[bold]answer:[/] {on.final.strip()[:200]!r}")
-        summary.append(
-            {
-                "run": i + 1,
-                "workflow": shape,
-                "nodes": len(on.nodes),
-                "replicas_used": len({t.replica for t in on.nodes}),
-                "wall_s_reuse": on.wall_s,
-                "wall_s_no_reuse": off.wall_s,
-                "ttft_s_median_reuse": statistics.median(t.ttft_s for t in on.nodes),
-                "ttft_s_median_no_reuse": statistics.median(t.ttft_s for t in off.nodes),
-                "root_prefill_tokens": on.root_prefill_tokens,
-                "prefill_tokens_reuse": on.prefill_tokens,
-                "prefill_tokens_no_reuse": off.prefill_tokens,
-                "prefill_tokens_saved": on.prefill_tokens_saved,
-                "bytes_moved": on.bytes_moved,
-                "outputs_identical": on.outputs == off.outputs,
-            }
-        )
+        summary.append(compared)
     transport = sorted({s.transport for s in client.status()})
     if json_out:
-        emit({"model": model, "replicas": replicas, "transport": ",".join(transport), "runs": summary})
+        runs_json = [{"run": i + 1, **s.to_json()} for i, s in enumerate(summary)]
+        emit({"model": model, "replicas": replicas, "transport": ",".join(transport), "runs": runs_json})
         return
     table = Table(
         "run",
@@ -345,17 +327,17 @@ def demo(
         "same outputs",
         title="summary: KV reuse on vs off (measured; the root's prefill is charged to reuse)",
     )
-    for s in summary:
+    for i, s in enumerate(summary):
         table.add_row(
-            str(s["run"]),
-            str(s["workflow"]),
-            str(s["nodes"]),
-            str(s["replicas_used"]),
-            f"{s['wall_s_reuse']:.2f} / {s['wall_s_no_reuse']:.2f}",
-            f"{s['ttft_s_median_reuse']:.3f} / {s['ttft_s_median_no_reuse']:.3f} s",
-            f"{s['prefill_tokens_reuse']} / {s['prefill_tokens_no_reuse']}",
-            str(s["prefill_tokens_saved"]),
-            f"{s['bytes_moved']:,}",
-            str(s["outputs_identical"]),
+            str(i + 1),
+            s.workflow,
+            str(s.nodes),
+            str(len(s.replicas_used)),
+            f"{s.wall_s_reuse:.2f} / {s.wall_s_no_reuse:.2f}",
+            f"{s.ttft_s_median_reuse:.3f} / {s.ttft_s_median_no_reuse:.3f} s",
+            f"{s.prefill_tokens_reuse} / {s.prefill_tokens_no_reuse}",
+            str(s.prefill_tokens_saved),
+            f"{s.bytes_moved:,}",
+            str(s.outputs_identical),
         )
     out.print(table)
