@@ -57,9 +57,10 @@ def main() -> None:
     args = p.parse_args()
     guard_tree(args.allow_dirty, args.quick)
     s = EvalSettings(tasks_per_benchmark=10, train_tasks_per_benchmark=20, epochs=10) if args.quick else EvalSettings()
-    summary, rows = evaluate_generator(load_tasks(), load_corpus(), s)
+    evaluated = evaluate_generator(load_tasks(), load_corpus(), s)
+    summary = evaluated.to_json()
     results = output_dir(HERE, args.quick)
-    write_csv(results / "eval_rows.csv", rows)
+    write_csv(results / "eval_rows.csv", evaluated.csv_rows())
     (results / "summary.json").write_text(json.dumps(summary, indent=2))
     settings = {"tasks_per_benchmark": s.tasks_per_benchmark, "epochs": s.epochs, "quick": args.quick}
     write_meta(results if args.quick else HERE, settings=settings)

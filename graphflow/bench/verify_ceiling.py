@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import xxhash
@@ -43,7 +43,51 @@ from transport.local import SharedCopy
 from transport.memory import host_arena
 from transport.wire import copy_with_digests
 
-__all__ = ["verify_ceiling"]
+__all__ = ["CeilingRow", "verify_ceiling"]
+
+
+@dataclass(frozen=True, slots=True)
+class CeilingRow:
+    """One size's medians; the ratios are derived from them (see the module docstring)."""
+
+    nbytes: int
+    block_bytes: int
+    copy_s: float
+    copy_then_hash_s: float
+    copy_and_hash_s: float
+    copy_and_hash_shared_s: float
+    copy_contended_s: float
+    contending_hash_gbps: float
+
+    @property
+    def copy_gbps(self) -> float:
+        return self.nbytes / self.copy_s / 1e9
+
+    @property
+    def ratio_copy_then_hash(self) -> float:
+        return self.copy_s / self.copy_then_hash_s
+
+    @property
+    def ratio_copy_and_hash(self) -> float:
+        return self.copy_s / self.copy_and_hash_s
+
+    @property
+    def ratio_copy_and_hash_shared(self) -> float:
+        return self.copy_s / self.copy_and_hash_shared_s
+
+    @property
+    def copy_slowdown_contended(self) -> float:
+        return self.copy_s / self.copy_contended_s
+
+    def to_json(self) -> dict[str, float | int]:
+        derived = (
+            "copy_gbps",
+            "ratio_copy_then_hash",
+            "ratio_copy_and_hash",
+            "ratio_copy_and_hash_shared",
+            "copy_slowdown_contended",
+        )
+        return {**asdict(self), **{k: getattr(self, k) for k in derived}}
 
 
 def _hash_blocks(buf: np.ndarray, block_bytes: int) -> list[int]:
@@ -79,7 +123,7 @@ def _contended_copy(copy: Callable[[], object], other: np.ndarray, repeats: int)
 
 def verify_ceiling(
     sizes: list[int], block_bytes: int = 1 << 20, repeats: int = 15, say: Callable[[str], None] = lambda _m: None
-) -> list[dict[str, Any]]:
+) -> list[CeilingRow]:
     """One row per size; see the module doc for the columns."""
     if block_bytes <= 0 or any(s <= 0 for s in sizes):
         raise ValueError("sizes and block bytes must be positive")
@@ -123,20 +167,6 @@ def verify_ceiling(
             if not copy_then_hash() == copy_and_hash() == copy_and_hash_shared():
                 raise RuntimeError("the ways of hashing the copied blocks disagree")
             rows.append(
-                {
-                    "nbytes": size,
-                    "block_bytes": block_bytes,
-                    "copy_s": copy_s,
-                    "copy_then_hash_s": then_s,
-                    "copy_and_hash_s": chunked_s,
-                    "copy_and_hash_shared_s": shared_s,
-                    "copy_contended_s": contended_s,
-                    "copy_gbps": size / copy_s / 1e9,
-                    "ratio_copy_then_hash": copy_s / then_s,
-                    "ratio_copy_and_hash": copy_s / chunked_s,
-                    "ratio_copy_and_hash_shared": copy_s / shared_s,
-                    "copy_slowdown_contended": copy_s / contended_s,
-                    "contending_hash_gbps": hash_rate / 1e9,
-                }
+                CeilingRow(size, block_bytes, copy_s, then_s, chunked_s, shared_s, contended_s, hash_rate / 1e9)
             )
     return rows

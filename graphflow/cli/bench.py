@@ -105,7 +105,7 @@ def bench_verify_ceiling_cmd(
 
     rows = verify_ceiling([parse_size(x) for x in sizes.split(",")], parse_size(block_bytes), repeats, say)
     if json_out:
-        emit({"rows": rows})
+        emit({"rows": [r.to_json() for r in rows]})
         return
     table = Table(
         "bytes",
@@ -119,13 +119,13 @@ def bench_verify_ceiling_cmd(
     )
     for r in rows:
         table.add_row(
-            f"{r['nbytes']:,}",
-            f"{r['copy_gbps']:.2f}",
-            f"{r['ratio_copy_then_hash']:.2f}",
-            f"{r['ratio_copy_and_hash']:.2f}",
-            f"{r['ratio_copy_and_hash_shared']:.2f}",
-            f"{r['copy_slowdown_contended']:.2f}",
-            f"{r['contending_hash_gbps']:.1f}",
+            f"{r.nbytes:,}",
+            f"{r.copy_gbps:.2f}",
+            f"{r.ratio_copy_then_hash:.2f}",
+            f"{r.ratio_copy_and_hash:.2f}",
+            f"{r.ratio_copy_and_hash_shared:.2f}",
+            f"{r.copy_slowdown_contended:.2f}",
+            f"{r.contending_hash_gbps:.1f}",
         )
     out.print(table)
 

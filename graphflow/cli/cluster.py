@@ -3,6 +3,8 @@ network namespaces on this machine (``graphflow.harness.cluster``), for developm
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import typer
 
 from graphflow.cli._common import emit, out, say, user_errors
@@ -51,9 +53,9 @@ def down(json_out: bool = typer.Option(False, "--json", help="Print one JSON obj
 
     removed = cluster_down()
     if json_out:
-        emit(removed)
+        emit(asdict(removed))
     else:
-        out.print(f"removed {removed['namespaces']} namespaces, {removed['processes']} processes")
+        out.print(f"removed {removed.namespaces} namespaces, {removed.processes} processes")
 
 
 @app.command("stop-node")
@@ -96,8 +98,8 @@ def status(json_out: bool = typer.Option(False, "--json", help="Print one JSON o
 
     state = running_cluster()
     if json_out:
-        emit({"running": state is not None, **(state or {})})
+        emit({"running": state is not None, **(state.to_json() if state else {})})
     elif state is None:
         out.print("no namespace cluster is running (start one with `graphflow cluster up`)")
     else:
-        out.print(f"running: head {state['head_address']}, client {state['client_address']}")
+        out.print(f"running: head {state.head_address}, client {state.client_address}")

@@ -133,7 +133,8 @@ def eval_generator(
     from graphflow.workflow.tasks import load_tasks
 
     settings = EvalSettings(tasks_per_benchmark=per_benchmark, train_tasks_per_benchmark=per_benchmark, epochs=epochs)
-    summary, rows = evaluate_generator(load_tasks(tasks), load_corpus(corpus), settings, say=say)
+    result = evaluate_generator(load_tasks(tasks), load_corpus(corpus), settings, say=say)
+    rows = result.csv_rows()
     if csv_out:
         csv_out.parent.mkdir(parents=True, exist_ok=True)
         with open(csv_out, "w", newline="") as f:
@@ -141,9 +142,9 @@ def eval_generator(
             writer.writeheader()
             writer.writerows(rows)
     if json_out:
-        emit(summary)
+        emit(result.to_json())
         return
-    for part, data in summary.items():
+    for part, data in result.parts.items():
         table = Table(
             "method",
             "edge F1",
@@ -153,18 +154,18 @@ def eval_generator(
             "node J",
             "valid",
             "ms/task",
-            title=f"{part}: {', '.join(data['benchmarks'])} ({data['tasks']} tasks)",
+            title=f"{part}: {', '.join(data.benchmarks)} ({data.tasks} tasks)",
         )
-        for name, m in data["methods"].items():
-            lo, hi = m["edge_f1_ci"]
+        for name, m in data.methods.items():
+            lo, hi = m.edge_f1_ci
             table.add_row(
                 name,
-                f"{m['edge_f1']:.3f}",
+                f"{m.edge_f1:.3f}",
                 f"[{lo:.3f}, {hi:.3f}]",
-                f"{m['upper_bound']:.3f}",
-                f"{m['exact_match']:.2f}",
-                f"{m['node_jaccard']:.2f}",
-                f"{m['validity']:.2f}",
-                f"{m['ms_per_task']:.2f}",
+                f"{m.upper_bound:.3f}",
+                f"{m.exact_match:.2f}",
+                f"{m.node_jaccard:.2f}",
+                f"{m.validity:.2f}",
+                f"{m.ms_per_task:.2f}",
             )
         out.print(table)

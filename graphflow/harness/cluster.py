@@ -33,6 +33,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from graphflow.harness.netns import run_checked
 from graphflow.runtime.errors import Unavailable
@@ -42,6 +43,7 @@ __all__ = [
     "ClusterNode",
     "ClusterSpec",
     "NamespaceCluster",
+    "Removed",
     "cluster_down",
     "cluster_up",
     "parse_links",
@@ -133,6 +135,26 @@ class NamespaceCluster:
             "head_address": self.head_address,
             "client_address": self.client_address,
         }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> NamespaceCluster:
+        """The cluster as ``to_json`` wrote it."""
+        spec = dict(obj["spec"])
+        pairs: dict[tuple[int, int], str] = {}
+        for k, rate in spec.pop("pair_links", {}).items():
+            a, b = (int(x) for x in k.split("-"))
+            pairs[(a, b)] = rate
+        nodes = tuple(ClusterNode(**n) for n in obj["nodes"])
+        return cls(ClusterSpec(**spec, pair_links=pairs), nodes, str(obj["head_address"]), str(obj["client_address"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    """What ``cluster_down`` removed."""
+
+    namespaces: int
+    processes: int  # killed, Ray's and every other process in the namespaces
+    bridges: int
 
 
 def parse_links(text: str) -> tuple[str, dict[tuple[int, int], str]]:
@@ -324,7 +346,7 @@ def harness_namespaces() -> list[str]:
     return sorted(line.split()[0] for line in proc.stdout.splitlines() if line.startswith(NS_PREFIX))
 
 
-def cluster_down() -> dict[str, int]:
+def cluster_down() -> Removed:
     """Stop every process in the harness's namespaces, delete them and the bridge. Idempotent;
     returns what it removed."""
     namespaces = harness_namespaces() if shutil.which("ip") else []
@@ -337,7 +359,7 @@ def cluster_down() -> dict[str, int]:
     (STATE_DIR / "state.json").unlink(missing_ok=True)
     _forget_head_address()
     shutil.rmtree(RAY_TEMP_DIR, ignore_errors=True)  # the nodes' sessions (logs, sockets)
-    return {"namespaces": len(namespaces), "processes": killed, "bridges": int(bridge)}
+    return Removed(len(namespaces), killed, int(bridge))
 
 
 def _forget_head_address() -> None:
@@ -395,20 +417,17 @@ def start_node(index: int) -> None:
     state = running_cluster()
     if state is None:
         raise ValueError("no namespace cluster is running; start one with `graphflow cluster up`")
-    spec = state["spec"]
-    assert isinstance(spec, dict)
-    if not 0 < index < int(spec["nodes"]):
-        raise ValueError(f"node {index} is not a worker node of this {spec['nodes']}-node cluster")
+    if not 0 < index < state.spec.nodes:
+        raise ValueError(f"node {index} is not a worker node of this {state.spec.nodes}-node cluster")
     node = ClusterNode.of(index)
     if _namespace_pids(node.namespace):
         raise ValueError(f"node {index} is running; stop it first")
-    _start_ray(ClusterSpec(int(spec["nodes"]), cpus=int(spec["cpus"])), node, str(state["head_address"]))
+    _start_ray(state.spec, node, state.head_address)
 
 
-def running_cluster() -> dict[str, object] | None:
-    """The state ``up`` recorded, when its namespaces still exist."""
+def running_cluster() -> NamespaceCluster | None:
+    """The cluster ``up`` recorded, when its namespaces still exist."""
     path = STATE_DIR / "state.json"
     if not path.exists() or not harness_namespaces():
         return None
-    state: dict[str, object] = json.loads(path.read_text())
-    return state
+    return NamespaceCluster.from_json(json.loads(path.read_text()))

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,17 @@ from graphflow.workflow.tasks import TaskExample
 from graphflow.workflow.train import TrainConfig, edge_f1, imitation
 from graphflow.workflow.wgraph import TASK, OpKey, WGraph, structure
 
-__all__ = ["EvalSettings", "METHODS", "bootstrap_ci", "evaluate_generator", "upper_bound"]
+__all__ = [
+    "METHODS",
+    "EvalRow",
+    "EvalSettings",
+    "GeneratorEval",
+    "MethodScore",
+    "PartSummary",
+    "bootstrap_ci",
+    "evaluate_generator",
+    "upper_bound",
+]
 
 Structure = frozenset[tuple[OpKey, OpKey]]
 METHODS = ("gnn", "retrieval", "majority", "random", "gnn_no_task_node", "gnn_1_layer", "gnn_no_h_task")
@@ -47,6 +57,72 @@ class EvalSettings:
     epochs: int = 20
     seed: int = 0
     bootstrap: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class EvalRow:
+    """One method's workflow for one test task, scored against one target structure."""
+
+    part: str  # loo | recombination
+    method: str
+    benchmark: str  # the benchmark left out
+    task: int
+    ms: float  # generating the workflow
+    upper_bound: float  # the best edge F1 any subgraph of the fold's wGraph reaches
+    edge_f1: float
+    node_jaccard: float
+    exact_match: float
+    validity: float
+
+
+@dataclass(frozen=True, slots=True)
+class MethodScore:
+    edge_f1: float  # mean over the part's rows
+    edge_f1_ci: tuple[float, float]  # 95% bootstrap interval of that mean
+    upper_bound: float
+    exact_match: float
+    node_jaccard: float
+    validity: float
+    ms_per_task: float  # median
+
+    @classmethod
+    def of(cls, rows: Sequence[EvalRow], s: EvalSettings) -> MethodScore:
+        f1 = [r.edge_f1 for r in rows]
+        return cls(
+            float(np.mean(f1)),
+            bootstrap_ci(f1, s.bootstrap, s.seed),
+            float(np.mean([r.upper_bound for r in rows])),
+            float(np.mean([r.exact_match for r in rows])),
+            float(np.mean([r.node_jaccard for r in rows])),
+            float(np.mean([r.validity for r in rows])),
+            float(np.median([r.ms for r in rows])),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PartSummary:
+    methods: Mapping[str, MethodScore]
+    benchmarks: tuple[str, ...]
+    tasks: int
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratorEval:
+    parts: Mapping[str, PartSummary]  # loo, recombination
+    rows: tuple[EvalRow, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            part: {
+                "methods": {k: {**asdict(m), "edge_f1_ci": list(m.edge_f1_ci)} for k, m in p.methods.items()},
+                "benchmarks": list(p.benchmarks),
+                "tasks": p.tasks,
+            }
+            for part, p in self.parts.items()
+        }
+
+    def csv_rows(self) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self.rows]
 
 
 def bootstrap_ci(values: Sequence[float], n: int = 1000, seed: int = 0) -> tuple[float, float]:
@@ -69,14 +145,11 @@ def _nodes(s: Structure) -> set[OpKey]:
     return {k for e in s for k in e if k != TASK}
 
 
-def _metrics(pred: Workflow, pred_s: Structure, target: Structure) -> dict[str, float]:
+def _metrics(pred: Workflow, pred_s: Structure, target: Structure) -> tuple[float, float, float, float]:
+    """Edge F1, node Jaccard, exact match and validity of ``pred`` against ``target``."""
     a, b = _nodes(pred_s), _nodes(target)
-    return {
-        "edge_f1": edge_f1(pred_s, target),
-        "node_jaccard": len(a & b) / len(a | b) if a | b else 1.0,
-        "exact_match": float(pred_s == target),
-        "validity": float(is_valid(pred)),
-    }
+    jaccard = len(a & b) / len(a | b) if a | b else 1.0
+    return edge_f1(pred_s, target), jaccard, float(pred_s == target), float(is_valid(pred))
 
 
 def sample_tasks(tasks: list[TaskExample], k: int, seed: int) -> list[TaskExample]:
@@ -136,14 +209,14 @@ def evaluate_generator(
     corpus: list[Workflow],
     settings: EvalSettings | None = None,
     say: Callable[[str], None] = lambda _m: None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run parts 1 and 2. Returns (summary, per-task rows)."""
+) -> GeneratorEval:
+    """Run parts 1 and 2: the per-task rows and their summary per part and method."""
     s = settings or EvalSettings()
     refs = references(corpus)
     tasks = [t for t in tasks if t.benchmark in refs]
     if not tasks:
         raise ValueError("no tasks of a benchmark that has a reference workflow")
-    rows: list[dict[str, Any]] = []
+    rows: list[EvalRow] = []
     for x in sorted({t.benchmark for t in tasks}):
         say(f"leave out {x}")
         train_wfs = [w for w in corpus if w.benchmark != x]
@@ -166,44 +239,21 @@ def evaluate_generator(
                 ms = (time.perf_counter() - start) * 1e3
                 pred_s = structure(pred)
                 for part, target in targets:
-                    m = _metrics(pred, pred_s, target)
                     rows.append(
-                        {
-                            "part": part,
-                            "method": name,
-                            "benchmark": x,
-                            "task": task.index,
-                            "ms": ms,
-                            "upper_bound": upper_bound(g, target),
-                            **m,
-                        }
+                        EvalRow(part, name, x, task.index, ms, upper_bound(g, target), *_metrics(pred, pred_s, target))
                     )
-    return _summarize(rows, s), rows
+    return GeneratorEval(_summarize(rows, s), tuple(rows))
 
 
-def _summarize(rows: list[dict[str, Any]], s: EvalSettings) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _summarize(rows: list[EvalRow], s: EvalSettings) -> dict[str, PartSummary]:
+    out = {}
     for part in ("loo", "recombination"):
-        part_rows = [r for r in rows if r["part"] == part]
+        part_rows = [r for r in rows if r.part == part]
         methods = {}
         for name in METHODS:
-            rs = [r for r in part_rows if r["method"] == name]
-            if not rs:
-                continue
-            f1 = [r["edge_f1"] for r in rs]
-            methods[name] = {
-                "edge_f1": float(np.mean(f1)),
-                "edge_f1_ci": list(bootstrap_ci(f1, s.bootstrap, s.seed)),
-                "upper_bound": float(np.mean([r["upper_bound"] for r in rs])),
-                "exact_match": float(np.mean([r["exact_match"] for r in rs])),
-                "node_jaccard": float(np.mean([r["node_jaccard"] for r in rs])),
-                "validity": float(np.mean([r["validity"] for r in rs])),
-                "ms_per_task": float(np.median([r["ms"] for r in rs])),
-            }
-        benchmarks = sorted({r["benchmark"] for r in part_rows})
-        out[part] = {
-            "methods": methods,
-            "benchmarks": benchmarks,
-            "tasks": len({(r["benchmark"], r["task"]) for r in part_rows}),
-        }
+            rs = [r for r in part_rows if r.method == name]
+            if rs:
+                methods[name] = MethodScore.of(rs, s)
+        benchmarks = tuple(sorted({r.benchmark for r in part_rows}))
+        out[part] = PartSummary(methods, benchmarks, len({(r.benchmark, r.task) for r in part_rows}))
     return out

@@ -79,5 +79,5 @@ def test_the_slurm_script_starts_a_spread_deployment_that_serves_from_the_root_n
         job.kill()
         down = cluster_down()
         shutil.rmtree(nodes_tmp, ignore_errors=True)
-    assert down["namespaces"] == 3 and down["processes"] > 0  # the script's Ray processes went with them
+    assert down.namespaces == 3 and down.processes > 0  # the script's Ray processes went with them
     assert leftovers() == {"namespaces": [], "links": []}

@@ -11,8 +11,9 @@ from graphflow.cli import app
 
 def test_rows_time_every_way_of_copying_and_verifying():
     rows = verify_ceiling([3 << 18, 9 << 20], block_bytes=1 << 18, repeats=3)  # NOTE: 9 MiB is two messages
-    assert [r["nbytes"] for r in rows] == [3 << 18, 9 << 20]
-    for r in rows:
+    assert [r.nbytes for r in rows] == [3 << 18, 9 << 20]
+    for row in rows:
+        r = row.to_json()
         times = ("copy_s", "copy_then_hash_s", "copy_and_hash_s", "copy_and_hash_shared_s", "copy_contended_s")
         assert min(r[k] for k in times) > 0
         assert r["ratio_copy_then_hash"] == pytest.approx(r["copy_s"] / r["copy_then_hash_s"])

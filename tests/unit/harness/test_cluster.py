@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from graphflow.harness.cluster import ClusterNode, ClusterSpec, parse_links
+from graphflow.harness.cluster import ClusterNode, ClusterSpec, NamespaceCluster, parse_links
 
 
 def test_links_parse_as_a_default_and_per_pair_rates():
@@ -41,3 +43,10 @@ def test_nodes_are_named_and_addressed_by_index():
     assert (node.namespace, node.device, node.address) == ("gfc-node-2", "gfc2", "10.233.0.3")
     env = node.env()
     assert env["UCX_TLS"] == "tcp,self" and env["UCX_NET_DEVICES"] == env["GRAPHFLOW_UCX_NET_DEVICES"] == "gfc2"
+
+
+def test_the_recorded_cluster_reads_back_as_it_was_written():
+    spec = ClusterSpec(3, "1gbit", {(0, 2): "200mbit"}, delay_ms=0.5, cpus=1)
+    up = NamespaceCluster(spec, tuple(ClusterNode.of(i) for i in range(3)), "10.233.0.1:6379", "ray://10.233.0.1:10001")
+    again = NamespaceCluster.from_json(json.loads(json.dumps(up.to_json())))
+    assert again == up and again.spec.rate(2, 0) == "200mbit"
