@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
 
 from graphflow.client import Client, new_run_id
 from graphflow.models.prompts import prompt_token_ids
@@ -68,6 +67,6 @@ class PinnedAgent:
             got = ex.run(self.graph, tokens, new_run_id(), reuse=False, pin={"agent": agent})
         return AgentRun(got.nodes[0], got.decisions[0], got.outputs["agent"][0])
 
-    def hosts(self) -> dict[str, Any]:
+    def hosts(self) -> dict[str, str]:
         """Each replica's host, as the deployment reports it."""
         return {s.replica: s.host for s in self.client.status()}

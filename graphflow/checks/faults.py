@@ -200,7 +200,7 @@ class FaultSuite:
         pin = {n.id: victim for n in self.graph.nodes[1:]}  # NOTE: work was headed for the node that dies
         result = self.executor().run(self.graph, self.ids[task], "faults-node", on_node=kill_after_first, pin=pin)
         notes = [f"{t.node}: {t.note}" for t in result.trace if t.note]
-        dead = [n["host"] for n in self.cluster.nodes() if not n["alive"]]
+        dead = [n.host for n in self.cluster.nodes() if not n.alive]
         start_node(node)
         self.deploy()  # the node is back: its replica is started afresh there
         back = victim in self.cluster.replicas

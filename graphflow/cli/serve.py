@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -211,7 +212,7 @@ def status(
     stats = cluster.stats()
     nodes = cluster.nodes()
     if json_out:
-        emit({"replicas": [s.to_json() for s in stats], "lost": cluster.lost, "nodes": nodes})
+        emit({"replicas": [s.to_json() for s in stats], "lost": cluster.lost, "nodes": [asdict(n) for n in nodes]})
         return
     table = Table(
         "replica",
@@ -244,7 +245,7 @@ def status(
             f"{s.prefix.hit_rate:.0%}",
         )
     out.print(table)
-    gone = [n["host"] or n["node"][:12] for n in nodes if not n["alive"]]
+    gone = [n.host or n.node[:12] for n in nodes if not n.alive]
     if cluster.lost or gone:
         out.print(f"lost replicas: {', '.join(cluster.lost) or 'none'}; dead nodes: {', '.join(gone) or 'none'}")
 

@@ -25,7 +25,7 @@ from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.errors import Unavailable, load_or_why
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
-from graphflow.runtime.stats import ReplicaStats
+from graphflow.runtime.stats import NodeInfo, ReplicaStats
 
 __all__ = [
     "BOARD_NAME",
@@ -449,18 +449,13 @@ class RayCluster:
         hits = self.manager("hit_stats")
         return [s.with_hits(hits[s.replica]) if s.replica in hits else s for s in stats]
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[NodeInfo]:
         """The Ray cluster's nodes: id, address, alive, and which replicas it runs."""
         on: dict[str, list[str]] = {}
         for info in self.manager("list_replicas"):
             on.setdefault(info.node, []).append(info.name)
         return [
-            {
-                "node": n["NodeID"],
-                "host": n.get("NodeManagerAddress", ""),
-                "alive": bool(n.get("Alive")),
-                "replicas": on.get(n["NodeID"], []),
-            }
+            NodeInfo(n["NodeID"], n.get("NodeManagerAddress", ""), bool(n.get("Alive")), tuple(on.get(n["NodeID"], ())))
             for n in self.ray.nodes()
         ]
 

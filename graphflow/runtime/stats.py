@@ -13,7 +13,17 @@ from dataclasses import asdict, dataclass, field, replace
 from graphflow.kv.differential.template_kv import TemplateStats
 from graphflow.kv.events import PrefixHits
 
-__all__ = ["ReplicaStats"]
+__all__ = ["NodeInfo", "ReplicaStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A Ray node of the deployment's cluster, and the replicas the manager knows on it."""
+
+    node: str  # Ray's node id
+    host: str  # its address
+    alive: bool
+    replicas: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
