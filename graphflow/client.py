@@ -119,11 +119,17 @@ class Client:
     executor: WorkflowExecutor
 
     def run(
-        self, task: str, workflow: Workflow | None = None, reuse: bool = True, pin: Mapping[str, str] | None = None
+        self,
+        task: str,
+        workflow: Workflow | None = None,
+        reuse: bool = True,
+        pin: Mapping[str, str] | None = None,
+        transfers: bool = True,
     ) -> RunResult:
         """Generate (or take) a workflow for ``task``, run it on the replicas, return output + trace.
 
-        ``pin`` maps node ids (or ``ROOT``, the task context) to the replica they must run on."""
+        ``pin`` maps node ids (or ``ROOT``, the task context) to the replica they must run on;
+        ``transfers=False`` keeps every replica to its own prefixes (per-replica prefix caching)."""
         if not task or not task.strip():
             raise ValueError("the task is empty; pass the task's text")
         if workflow is None:
@@ -131,7 +137,9 @@ class Client:
 
             workflow = Planner.load().generate(task)
         task_ids = self.cluster.get(self.cluster.call(self.cluster.replicas[0], "encode", task))
-        return self.executor.run(compile_workflow(workflow), task_ids, new_run_id(), reuse=reuse, pin=pin)
+        return self.executor.run(
+            compile_workflow(workflow), task_ids, new_run_id(), reuse=reuse, pin=pin, transfers=transfers
+        )
 
     def status(self) -> list[ReplicaStats]:
         return self.cluster.stats()

@@ -39,11 +39,16 @@ def table(result: MultiAgentReport, settings: dict[str, Any]) -> str:
             f"| {r.agents} | {r.system} | {r.root_prefill_s:.2f} | {r.agents_s:.2f} "
             f"| {r.makespan_s:.2f} | {r.bytes_moved:,} | {decided} |"
         )
-    lines += ["", "| agents | ideal ÷ ours (efficiency) | agents' part only | dense ÷ ours |", "|---|---|---|---|"]
-    agents_only, dense_over = result.efficiency_agents_only, result.dense_over_ours
+    head = "| agents | ideal ÷ ours (efficiency) | agents' part only | dense ÷ ours | better prefix caching ÷ ours |"
+    lines += ["", head, "|---|---|---|---|---|"]
+    agents_only, dense_over, caching = (
+        result.efficiency_agents_only,
+        result.dense_over_ours,
+        result.prefix_caching_over_ours,
+    )
     for k, e in result.efficiency.items():
-        only, dense = agents_only[k], dense_over[k]
-        lines.append(f"| {k} | {e:.3f} | {only:.3f} | {dense:.2f} |")
+        best = f"{caching[k]:.2f}" if k in caching else "—"
+        lines.append(f"| {k} | {e:.3f} | {agents_only[k]:.3f} | {dense_over[k]:.2f} | {best} |")
     lines += [
         "",
         f"Model {settings['model']}, {settings['root_tokens']}-token root, {settings['decode']} tokens per "

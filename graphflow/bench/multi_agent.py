@@ -1,8 +1,8 @@
 """k agents over one root context, through the served path, beside an ideal measured on its own.
 
 On an embedded deployment (``connect()`` → executor → replica actors → manager → UCX), per k,
-three trials, each on a fresh root context of ``root_tokens`` tokens (fresh, so no trial reuses
-another's blocks):
+one trial per system, each on a fresh root context of ``root_tokens`` tokens (fresh, so no trial
+reuses another's blocks):
 
 * ``ours`` — the root is prefilled on ``replica-0`` (an upstream agent computing it), then the
   k agents are submitted as one workflow and the scheduler places them: reuse on the holder, or
@@ -12,6 +12,13 @@ another's blocks):
   same k agents run with nothing to move: ``ideal = root prefill + agents with zero
   transfer``. A trial that moved any byte is refused (it would not be the ideal).
 * ``dense`` — the same agents with KV reuse off: each prefills the whole context itself.
+* ``local`` — per-replica prefix caching behind a round-robin load balancer (what vLLM or
+  SGLang replicas give): agent j runs on replica j mod 2, each replica reuses only prefixes it
+  holds itself, nothing moves between replicas. The other replica's agents arrive together and
+  each misses (there is no in-flight sharing of a prefix still being computed).
+* ``routed`` — prefix caching with cache-aware routing: the scheduler places every agent (its
+  own prefix on the holder against the other replica's queue and a recompute), nothing moves.
+  This is ours with transfers turned off.
 
 ``makespan_s`` = root prefill (ours, ideal) + the time from the agents' submission until the
 last agent's last token; ``efficiency`` = ideal ÷ ours. Every number is measured here.
@@ -31,7 +38,8 @@ from graphflow.workflow.compile import ROOT
 
 __all__ = ["MultiAgentBench", "MultiAgentReport", "MultiAgentRow", "run_multi_agent_bench"]
 
-SYSTEMS = ("ours", "ideal", "dense")
+SYSTEMS = ("ours", "ideal", "dense", "local", "routed")
+PREFIX_CACHING = ("local", "routed")  # the baselines serving stacks give
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +65,7 @@ class MultiAgentBench:
         self.contexts = PinnedAgent(client)
 
     def trial(self, system: str, agents: int, root_tokens: int) -> MultiAgentRow:
-        """One trial of ``system`` (``ours``, ``ideal`` or ``dense``) with ``agents`` agents."""
+        """One trial of ``system`` (one of ``SYSTEMS``) with ``agents`` agents."""
         if system not in SYSTEMS:
             raise ValueError(f"unknown system {system!r}; use {', '.join(SYSTEMS)}")
         ex = self.client.executor
@@ -72,12 +80,17 @@ class MultiAgentBench:
                 if other != HOLDER:  # NOTE: not timed: each replica already holds the root
                     ex.materialize_root(f"upstream-{new_run_id()}", root, other)
         graph = agents_graph(agents)
+        pin = {ROOT: HOLDER}
+        if system == "local":
+            replicas = self.client.cluster.replicas
+            pin.update({n.id: replicas[j % len(replicas)] for j, n in enumerate(graph.nodes)})
         begin = time.perf_counter()
-        got = ex.run(graph, root, new_run_id(), reuse=system != "dense", pin={ROOT: HOLDER})
+        reuse, transfers = system != "dense", system not in PREFIX_CACHING
+        got = ex.run(graph, root, new_run_id(), reuse=reuse, pin=pin, transfers=transfers)
         agents_s = time.perf_counter() - begin
         traces = got.nodes
-        if system == "ideal" and got.bytes_moved:
-            raise RuntimeError(f"the ideal trial moved {got.bytes_moved} bytes; it must move none")
+        if system in ("ideal", *PREFIX_CACHING) and got.bytes_moved:
+            raise RuntimeError(f"the {system} trial moved {got.bytes_moved} bytes; it must move none")
         decisions = decision_counts(traces)
         generated = sum(len(out) for out in got.outputs.values())
         return MultiAgentRow(
@@ -125,6 +138,13 @@ class MultiAgentReport:
     def efficiency_min(self) -> float | None:
         return min(self.efficiency.values(), default=None)
 
+    @property
+    def prefix_caching_over_ours(self) -> dict[int, float]:
+        """The better prefix-caching baseline's makespan ÷ ours (> 1: ours is ahead)."""
+        per = [self._over_ours(s, lambda r: r.makespan_s) for s in PREFIX_CACHING]
+        ks = sorted(set.intersection(*(set(p) for p in per))) if per else []
+        return {k: min(p[k] for p in per) for k in ks}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "rows": [asdict(r) for r in self.rows],
@@ -132,6 +152,7 @@ class MultiAgentReport:
             "efficiency_agents_only": self.efficiency_agents_only,
             "dense_over_ours": self.dense_over_ours,
             "efficiency_min": self.efficiency_min,
+            "prefix_caching_over_ours": self.prefix_caching_over_ours,
             "threads": self.threads,
             "transport": self.transport,
         }
@@ -145,18 +166,22 @@ def run_multi_agent_bench(
     threads: int = 0,
     repeats: int = 1,
     say: Callable[[str], None] = lambda _m: None,
+    systems: Sequence[str] = SYSTEMS,
 ) -> MultiAgentReport:
     """Every system at every k on one fresh two-replica embedded deployment (after a warm-up
     trial); with ``repeats`` > 1 the trial of median makespan is kept per (k, system)."""
     if not agents or min(agents) < 1 or min(root_tokens, decode, repeats) < 1:
         raise ValueError("--agents, --root-tokens, --decode and --repeats must all be at least 1")
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or "ours" not in systems:
+        raise ValueError(f"--systems takes ours plus any of {', '.join(SYSTEMS[1:])}; got {', '.join(systems)}")
     say(f"starting 2 replicas of {model}")
     client = connect(model=model, replicas=2, decode_steps=decode, threads=threads, capacity_mib=2048)
     bench = MultiAgentBench(client, say)
     bench.trial("ours", 2, min(root_tokens, 256))  # warm-up: both replicas have run a node
     rows = []
     for k in agents:
-        for system in SYSTEMS:
+        for system in systems:
             say(f"{k} agents: {system}")
             tries = sorted((bench.trial(system, k, root_tokens) for _ in range(repeats)), key=lambda r: r.makespan_s)
             rows.append(tries[len(tries) // 2])

@@ -190,14 +190,18 @@ def bench_multi_agent_cmd(
     decode: int = typer.Option(32, help="Tokens each agent generates."),
     threads: int = typer.Option(1, help="Torch threads per replica."),
     repeats: int = typer.Option(1, help="Trials per (agents, system); the median makespan's is kept."),
+    systems: str = typer.Option("ours,ideal,dense,local,routed", help="Systems to run (ours always)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """k agents over one root through the served path (embedded Ray, two replicas): ours, an
     ideal measured on its own (the root's prefill in its own trial, then the agents on replicas
-    that all hold it, nothing moved) and dense (reuse off), same run."""
+    that all hold it, nothing moved), dense (reuse off) and two prefix-caching baselines that
+    never move KV (local: round-robin replicas; routed: cache-aware placement), same run."""
     from graphflow.bench.multi_agent import run_multi_agent_bench
 
-    result = run_multi_agent_bench(model, ints(agents, "--agents"), root_tokens, decode, threads, repeats, say=say)
+    result = run_multi_agent_bench(
+        model, ints(agents, "--agents"), root_tokens, decode, threads, repeats, say=say, systems=names(systems)
+    )
     if json_out:
         emit(result.to_json())
         return
@@ -222,9 +226,14 @@ def bench_multi_agent_cmd(
             json.dumps(r.decisions),
         )
     out.print(table)
-    dense = result.dense_over_ours
-    for k, e in result.efficiency.items():
-        out.print(f"{k} agents: ideal ÷ ours {e:.3f}, dense ÷ ours {dense[k]:.2f}" if k in dense else f"{k}: {e:.3f}")
+    ratios = {
+        "ideal ÷ ours": result.efficiency,
+        "dense ÷ ours": result.dense_over_ours,
+        "better prefix caching ÷ ours": result.prefix_caching_over_ours,
+    }
+    for k in sorted({r.agents for r in result.rows}):
+        said = [f"{name} {v[k]:.3f}" for name, v in ratios.items() if k in v]
+        out.print(f"{k} agents: {', '.join(said) or 'ours only'}")
 
 
 @app.command("serve")

@@ -186,6 +186,7 @@ class WorkflowExecutor:
         on_node: Callable[[NodeTrace], None] | None = None,
         pin: Mapping[str, str] | None = None,
         force: Option | None = None,
+        transfers: bool = True,
     ) -> RunResult:
         """Execute ``gs`` for a task; ``reuse=False`` turns every KV reuse and transfer off.
 
@@ -195,7 +196,9 @@ class WorkflowExecutor:
         replica dies or whose transfer fails is recomputed on a live replica (a lost pinned
         replica included); its trace says why (``note``). ``force`` makes every node take that
         option where it can (an ablation; sweeps measure each option this way); the decisions
-        (``RunResult.decisions``) still price every option. Bad requests raise ``ValueError``."""
+        (``RunResult.decisions``) still price every option. ``transfers=False`` never moves KV
+        between replicas: each replica reuses only its own prefixes, as per-replica prefix
+        caching does (the baseline serving stacks give). Bad requests raise ``ValueError``."""
         c = self.cluster
         pin = dict(pin or {})
         self._check_pin(gs, pin)
@@ -239,7 +242,7 @@ class WorkflowExecutor:
                         fallback=retry[nid],
                     )
                 elif reuse:
-                    d = self._decide(ctx, tmpl, load, pinned, force)
+                    d = self._decide(ctx, tmpl, load, pinned, force, transfers)
                 else:
                     d = recompute(
                         pinned or c.replicas[next(turn) % len(c.replicas)], len(ctx), self.bpt, self.policy, "reuse off"
@@ -305,9 +308,16 @@ class WorkflowExecutor:
 
     # ---- one node ------------------------------------------------------------------------
     def _decide(
-        self, ctx: list[int], tmpl: TemplateRef, load: dict[str, int], pinned: str = "", force: Option | None = None
+        self,
+        ctx: list[int],
+        tmpl: TemplateRef,
+        load: dict[str, int],
+        pinned: str = "",
+        force: Option | None = None,
+        transfers: bool = True,
     ) -> Decision:
-        """One manager round trip, then the policy over every replica (only ``pinned``, if set)."""
+        """One manager round trip, then the policy over every replica (only ``pinned``, if set;
+        without ``transfers``, other replicas' copies are not offered)."""
         version = base_version(self.model_key, ctx[len(ctx) - tmpl.tokens :]) if tmpl.tokens else ""
         look = self.cluster.manager(
             "begin_node", ctx, self.model_key, self.clock(), self.lease_s, None, (tmpl.op, tmpl.path, version)
@@ -322,7 +332,7 @@ class WorkflowExecutor:
             remote = tuple(
                 RemoteCopy(o, n, self.links.link(o, r), self._address(o))
                 for o, n in have.items()
-                if o != r and n > local and o in self.cluster.replicas
+                if transfers and o != r and n > local and o in self.cluster.replicas
             )
             requests.append(
                 StateRequest(

@@ -9,7 +9,7 @@ from tests.integration.helpers.cli import cli, last_json
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def test_ours_ideal_and_dense_run_through_the_served_path():
+def test_ours_ideal_dense_and_prefix_caching_run_through_the_served_path():
     got = last_json(
         cli(
             "bench",
@@ -27,12 +27,18 @@ def test_ours_ideal_and_dense_run_through_the_served_path():
         )
     )
     rows = {(r["agents"], r["system"]): r for r in got["rows"]}
-    assert set(rows) == {(k, s) for k in (1, 3) for s in ("ours", "ideal", "dense")}
+    systems = ("ours", "ideal", "dense", "local", "routed")
+    assert set(rows) == {(k, s) for k in (1, 3) for s in systems}
     for (k, system), r in rows.items():
         assert r["generated_tokens"] == 4 * k and r["makespan_s"] > 0
         assert (r["root_prefill_s"] > 0) == (system != "dense")
     for k in (1, 3):
         assert rows[k, "ideal"]["bytes_moved"] == 0  # the ideal moves nothing by construction
         assert "reuse" in rows[k, "ideal"]["decisions"] and "recompute" in rows[k, "dense"]["decisions"]
+        assert rows[k, "local"]["bytes_moved"] == rows[k, "routed"]["bytes_moved"] == 0  # prefix caching moves nothing
+        assert "transfer" not in rows[k, "local"]["decisions"] and "transfer" not in rows[k, "routed"]["decisions"]
+    # round robin over two replicas: the second replica's agent holds no prefix and recomputes it
+    assert rows[3, "local"]["replicas_used"] == 2 and rows[3, "local"]["decisions"].get("recompute", 0) >= 1
     assert set(got["efficiency"]) == {"1", "3"} and all(e > 0 for e in got["efficiency"].values())
+    assert set(got["prefix_caching_over_ours"]) == {"1", "3"}
     assert got["transport"] == "ucx"

@@ -23,3 +23,12 @@ def test_efficiency_is_the_ideal_over_ours_with_and_without_the_roots_prefill():
     assert [r["system"] for r in flat["rows"]] == ["ours", "ideal", "dense", "ours"]
     assert flat["efficiency"] == got.efficiency and flat["efficiency_min"] == got.efficiency_min
     assert MultiAgentReport(()).efficiency_min is None
+    assert got.prefix_caching_over_ours == {}  # no baseline ran
+
+
+def test_the_better_prefix_caching_baseline_is_the_faster_of_the_two():
+    rows = [_row("ours", 4, 1.0, 3.0), _row("local", 4, 1.0, 11.0), _row("routed", 4, 1.0, 5.0)]
+    rows.append(_row("local", 8, 1.0, 1.0))  # no routed row at 8: not judged there
+    got = MultiAgentReport(tuple(rows))
+    assert got.prefix_caching_over_ours == {4: pytest.approx(6.0 / 4.0)}
+    assert got.to_json()["prefix_caching_over_ours"] == got.prefix_caching_over_ours

@@ -11,7 +11,7 @@ from graphflow.runtime.plan import NodePlan
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import load_corpus, references
 from scheduler.cost import LinkSpec, PrefillModel
-from scheduler.policy import Policy
+from scheduler.policy import Option, Policy
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +66,16 @@ def test_transfer_is_chosen_on_a_fast_link_and_moves_real_bytes(cluster):
     assert sum(t.node in ("n1", "n2", "n3") for t in moved) <= 1
     off = ex.run(gs, ids, "t4", reuse=False)
     assert on.outputs == off.outputs
+
+
+def test_without_transfers_each_replica_reuses_only_its_own_prefixes(cluster):
+    ex = _executor(cluster, link_bw=1e12, prefill_b=1e-2)  # where transfers would win
+    gs = compile_workflow(references(load_corpus())["GSM8K"])
+    ids = cluster.workers["replica-0"].encode(TASK + "(no transfers)")
+    on = ex.run(gs, ids, "no-transfers-1", transfers=False)
+    assert on.bytes_moved == 0 and all(t.decision in ("reuse", "recompute", "materialize") for t in on.trace)
+    assert all(Option.TRANSFER not in d.predicted_s for d in on.decisions)  # never offered, not merely lost
+    assert on.outputs == ex.run(gs, ids, "no-transfers-2", reuse=False).outputs
 
 
 def test_replica_rejects_an_empty_node(cluster):
