@@ -29,6 +29,7 @@ FULL = {
     "hol_prefill": 4096,
     "threads": 1,
     "max_batch_tokens": MAX_BATCH_TOKENS,
+    "baselines": ("dense", "local", "routed"),
 }
 QUICK = {
     **FULL,
@@ -43,18 +44,24 @@ QUICK = {
 
 
 def table(result: ServeReport, settings: dict[str, Any]) -> str:
-    head = "| batching | workflows | agents | tok/s | TTFT p50 s | TTFT p99 s | replicas' peak RSS growth MiB | KV MiB "
-    lines = [head + "| rows per engine step |", "|---" * 9 + "|"]
+    head = "| system | batching | workflows | agents | tok/s | TTFT p50 s | TTFT p99 s | replicas' peak RSS growth MiB "
+    lines = [head + "| KV MiB | rows per engine step |", "|---" * 10 + "|"]
     for r in result.rows:
         per_step = f"{r.rows_per_step:.1f}" if r.batching else "—"
         lines.append(
-            f"| {'on' if r.batching else 'off'} | {r.workflows} | {r.agents} "
+            f"| {r.system} | {'on' if r.batching else 'off'} | {r.workflows} | {r.agents} "
             f"| {r.tokens_per_s:.1f} | {r.ttft_p50_s:.2f} | {r.ttft_p99_s:.2f} "
             f"| {r.peak_rss_bytes / 2**20:.0f} | {r.kv_bytes / 2**20:.0f} | {per_step} |"
         )
     lines.append("")
     speedups = ", ".join(f"{w} workflows {x:.2f}×" for w, x in result.speedup_vs_unbatched.items())
     lines.append(f"Batched over unbatched tokens/s, same run: {speedups}.")
+    for system in sorted({r.system for r in result.rows} - {"ours"}):
+        over = ", ".join(f"{w} workflows {x:.2f}×" for w, x in result.ours_over(system).items())
+        lines.append(f"Ours over {system} (batched tokens/s, same run): {over}.")
+    caching = ", ".join(f"{w} workflows {x:.2f}×" for w, x in result.ours_over_prefix_caching.items())
+    if caching:
+        lines.append(f"Ours over the better prefix-caching baseline: {caching}.")
     top = result.batched(max(settings["workflows"]))
     if result.scripted_tokens_per_s is not None and top is not None:
         lines.append(
@@ -107,6 +114,7 @@ def main() -> None:
         s["hol_prefill"],
         scripted=not args.no_scripted,
         say=say,
+        baselines=s["baselines"],
     )
     publish_served(HERE, "bench_serve", result.to_json(), s, table(result, s), args.quick, args.json)
 

@@ -11,14 +11,9 @@ reuses another's blocks):
   prefilled on every other replica too (not timed), so each replica already holds it, and the
   same k agents run with nothing to move: ``ideal = root prefill + agents with zero
   transfer``. A trial that moved any byte is refused (it would not be the ideal).
-* ``dense`` — the same agents with KV reuse off: each prefills the whole context itself.
-* ``local`` — per-replica prefix caching behind a round-robin load balancer (what vLLM or
-  SGLang replicas give): agent j runs on replica j mod 2, each replica reuses only prefixes it
-  holds itself, nothing moves between replicas. The other replica's agents arrive together and
-  each misses (there is no in-flight sharing of a prefix still being computed).
-* ``routed`` — prefix caching with cache-aware routing: the scheduler places every agent (its
-  own prefix on the holder against the other replica's queue and a recompute), nothing moves.
-  This is ours with transfers turned off.
+* ``dense``, ``local``, ``routed`` — the same agents run as :mod:`graphflow.bench.systems`
+  runs them: KV reuse off; per-replica prefix caching behind a round-robin balancer; prefix
+  caching with cache-aware routing (ours with transfers off). The last two never move KV.
 
 ``makespan_s`` = root prefill (ours, ideal) + the time from the agents' submission until the
 last agent's last token; ``efficiency`` = ideal ÷ ours. Every number is measured here.
@@ -33,13 +28,12 @@ from typing import Any
 
 from graphflow.bench.serve import HOLDER, agents_graph, decision_counts
 from graphflow.bench.served import PinnedAgent
+from graphflow.bench.systems import PREFIX_CACHING, run_as
 from graphflow.client import Client, connect, new_run_id
-from graphflow.workflow.compile import ROOT
 
 __all__ = ["MultiAgentBench", "MultiAgentReport", "MultiAgentRow", "run_multi_agent_bench"]
 
-SYSTEMS = ("ours", "ideal", "dense", "local", "routed")
-PREFIX_CACHING = ("local", "routed")  # the baselines serving stacks give
+SYSTEMS = ("ours", "ideal", "dense", *PREFIX_CACHING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,17 +74,12 @@ class MultiAgentBench:
                 if other != HOLDER:  # NOTE: not timed: each replica already holds the root
                     ex.materialize_root(f"upstream-{new_run_id()}", root, other)
         graph = agents_graph(agents)
-        pin = {ROOT: HOLDER}
-        if system == "local":
-            replicas = self.client.cluster.replicas
-            pin.update({n.id: replicas[j % len(replicas)] for j, n in enumerate(graph.nodes)})
         begin = time.perf_counter()
-        reuse, transfers = system != "dense", system not in PREFIX_CACHING
-        got = ex.run(graph, root, new_run_id(), reuse=reuse, pin=pin, transfers=transfers)
+        got = run_as("ours" if system == "ideal" else system, ex, graph, root, self.client.cluster.replicas, HOLDER)
         agents_s = time.perf_counter() - begin
         traces = got.nodes
-        if system in ("ideal", *PREFIX_CACHING) and got.bytes_moved:
-            raise RuntimeError(f"the {system} trial moved {got.bytes_moved} bytes; it must move none")
+        if system == "ideal" and got.bytes_moved:
+            raise RuntimeError(f"the ideal trial moved {got.bytes_moved} bytes; it must move none")
         decisions = decision_counts(traces)
         generated = sum(len(out) for out in got.outputs.values())
         return MultiAgentRow(

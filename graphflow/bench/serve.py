@@ -7,7 +7,10 @@ without it (the reference), in the same run:
 * **throughput** — ``W`` workflows at once, each a fresh ``root_tokens`` context computed
   upstream on replica 0 (materialized before the clock starts, as in ``experiments/throughput``)
   and ``agents`` agent nodes over it, each with its own prompt and ``decode`` generated tokens;
-  the scheduler places the agents (reuse on the holder or a transfer). ``tokens_per_s``: every
+  the scheduler places the agents (reuse on the holder or a transfer); with ``baselines``, the
+  same workload (batching on) also runs as ``dense``, ``local`` and ``routed``
+  (:mod:`graphflow.bench.systems`: reuse off, and two prefix-caching baselines that never move
+  KV). ``tokens_per_s``: every
   agent's generated tokens over the time until the last workflow is done. TTFT per agent is the
   executor's: from its decision to its first token (queueing at the replica included).
   ``peak_rss_bytes``: the replicas' resident-memory growth over the timed part (peak after a
@@ -29,6 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from graphflow.bench.served import PinnedAgent
+from graphflow.bench.systems import PREFIX_CACHING, SYSTEMS, run_as
 from graphflow.client import Client, connect, new_run_id
 from graphflow.runtime.executor import NodeTrace, RunResult
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
@@ -88,6 +92,7 @@ class ServeRow:
     decisions: dict[str, int]
     engine_steps: int  # the replicas' engine-loop steps over the timed part (0: batching off)
     rows_per_step: float  # forward rows per engine step, on average (how much the loop batched)
+    system: str = "ours"  # or a baseline of graphflow.bench.systems
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +136,7 @@ class ServeBench:
         self.replicas = list(client.cluster.replicas)
 
     # ---- throughput ----------------------------------------------------------------------
-    def throughput(self, workflows: int, root_tokens: int, agents: int) -> ServeRow:
+    def throughput(self, workflows: int, root_tokens: int, agents: int, system: str = "ours") -> ServeRow:
         ex = self.client.executor
         graph = agents_graph(agents)
         roots = [self.contexts.context(root_tokens) for _ in range(workflows)]
@@ -143,7 +148,7 @@ class ServeBench:
 
         def one(i: int) -> None:
             try:
-                results[i] = ex.run(graph, roots[i], new_run_id(), pin={ROOT: HOLDER})
+                results[i] = run_as(system, ex, graph, roots[i], self.replicas, HOLDER)
             except BaseException as exc:  # the bench reports it below
                 results[i] = exc
 
@@ -178,6 +183,7 @@ class ServeBench:
             decisions,
             steps,
             rows / steps if steps else 0.0,
+            system,
         )
 
     # ---- shared root ---------------------------------------------------------------------
@@ -294,9 +300,14 @@ def run_serve_bench(
     hol_prefill: int = 0,
     scripted: bool = False,
     say: Callable[[str], None] = lambda _m: None,
+    baselines: Sequence[str] = (),
 ) -> ServeReport:
-    """Every measurement for each mode (batching on / off) on a fresh embedded deployment, and
-    with ``scripted`` the scripted agents job at the largest workflow count."""
+    """Every measurement for each mode (batching on / off) on a fresh embedded deployment, the
+    ``baselines`` (systems of :mod:`graphflow.bench.systems`) on the batched one at every
+    workflow count, and with ``scripted`` the scripted agents job at the largest count."""
+    unknown = [b for b in baselines if b not in SYSTEMS or b == "ours"]
+    if unknown:
+        raise ValueError(f"unknown baseline {unknown[0]!r}; use any of {', '.join(SYSTEMS[1:])}")
     if not workflows or min(workflows) < 1 or min(root_tokens, agents, decode) < 1:
         raise ValueError("workflows, --root-tokens, --agents and --decode must all be at least 1")
     if memory_agents < 0 or hol_prefill < 0 or (memory_agents and memory_root < 1):
@@ -319,8 +330,9 @@ def run_serve_bench(
         bench = ServeBench(client, batching, say)
         bench.throughput(1, min(root_tokens, 256), agents)  # warm-up: every replica has run a node
         for w in workflows:
-            say(f"{label}: {w} concurrent workflows")
-            rows.append(bench.throughput(w, root_tokens, agents))
+            for system in ("ours", *(baselines if batching else ())):
+                say(f"{label}: {w} concurrent workflows ({system})")
+                rows.append(bench.throughput(w, root_tokens, agents, system))
         if memory_agents:
             for reuse in (True, False):
                 say(f"{label}: {memory_agents} agents over one {memory_root}-token root (reuse {reuse})")
@@ -347,9 +359,21 @@ class ServeReport:
 
     @property
     def speedup_vs_unbatched(self) -> dict[int, float]:
-        on = {r.workflows: r for r in self.rows if r.batching}
-        off = {r.workflows: r for r in self.rows if not r.batching}
+        on = {r.workflows: r for r in self.rows if r.batching and r.system == "ours"}
+        off = {r.workflows: r for r in self.rows if not r.batching and r.system == "ours"}
         return {w: on[w].tokens_per_s / off[w].tokens_per_s for w in on if w in off}
+
+    def ours_over(self, system: str) -> dict[int, float]:
+        """Batched tokens/s, ours ÷ ``system``, per workflow count (same run)."""
+        theirs = {r.workflows: r for r in self.rows if r.batching and r.system == system}
+        return {w: r.tokens_per_s / theirs[w].tokens_per_s for w in sorted(theirs) if (r := self.batched(w))}
+
+    @property
+    def ours_over_prefix_caching(self) -> dict[int, float]:
+        """Ours ÷ the better prefix-caching baseline (the one with more tokens/s)."""
+        per = [self.ours_over(s) for s in PREFIX_CACHING]
+        ks = set.intersection(*(set(p) for p in per))
+        return {w: min(p[w] for p in per) for w in sorted(ks)}
 
     @property
     def memory_growth_vs_dense(self) -> dict[str, float]:
@@ -363,12 +387,14 @@ class ServeReport:
         }
 
     def batched(self, workflows: int) -> ServeRow | None:
-        return next((r for r in self.rows if r.batching and r.workflows == workflows), None)
+        return next((r for r in self.rows if r.batching and r.system == "ours" and r.workflows == workflows), None)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "rows": [asdict(r) for r in self.rows],
             "speedup_vs_unbatched": self.speedup_vs_unbatched,
+            "ours_over": {s: self.ours_over(s) for s in sorted({r.system for r in self.rows} - {"ours"})},
+            "ours_over_prefix_caching": self.ours_over_prefix_caching,
             "agent_prompt_tokens": list(self.agent_prompt_tokens),
         }
         if self.memory:

@@ -253,6 +253,9 @@ def bench_serve_cmd(
     no_batching: bool = typer.Option(False, "--no-batching", help="Only the unbatched served path."),
     no_reference: bool = typer.Option(False, "--no-reference", help="Only the batched path (no unbatched rows)."),
     scripted: bool = typer.Option(False, "--scripted", help="Also run the scripted agents job (largest count)."),
+    baselines: str = typer.Option(
+        "", help="Also run the batched workload as these systems: dense, local, routed (graphflow.bench.systems)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """The served path end to end (embedded Ray): tokens/s and TTFT under concurrent workflows,
@@ -278,11 +281,13 @@ def bench_serve_cmd(
         hol_prefill,
         scripted,
         say=say,
+        baselines=names(baselines),
     )
     if json_out:
         emit(result.to_json())
         return
     table = Table(
+        "system",
         "batching",
         "workflows",
         "agents",
@@ -296,6 +301,7 @@ def bench_serve_cmd(
     )
     for r in result.rows:
         table.add_row(
+            r.system,
             "on" if r.batching else "off",
             str(r.workflows),
             str(r.agents),
@@ -309,6 +315,9 @@ def bench_serve_cmd(
     out.print(table)
     for w, x in result.speedup_vs_unbatched.items():
         out.print(f"{w} workflows: {x:.2f}× the unbatched served path")
+    for system in sorted({r.system for r in result.rows} - {"ours"}):
+        for w, x in result.ours_over(system).items():
+            out.print(f"{w} workflows: ours {x:.2f}× {system} (batched, tokens/s)")
     if result.scripted_tokens_per_s is not None:
         out.print(
             f"the scripted agents job (not the served path), same workload: {result.scripted_tokens_per_s:.1f} tok/s"

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from graphflow.bench.serve import HolRow, MemoryRow, ServeReport, ServeRow, agents_graph, percentile
@@ -39,3 +41,16 @@ def test_summary_ratios_come_from_the_same_run():
     assert out["head_of_line"][0]["ratio_p99"] == report.head_of_line[0].ratio_p99
     assert [r["tokens_per_s"] for r in out["rows"]] == [20.0, 90.0, 10.0, 30.0]
     assert out["agent_prompt_tokens"] == [40, 41]
+    assert out["ours_over"] == {} and out["ours_over_prefix_caching"] == {}
+
+
+def test_ours_is_compared_with_each_baseline_on_the_batched_rows():
+    def as_(system: str, workflows: int, tps: float) -> ServeRow:
+        return replace(row(True, workflows, tps), system=system)
+
+    rows = [row(True, 16, 90.0), row(False, 16, 30.0), as_("dense", 16, 15.0)]
+    rows += [as_("local", 16, 45.0), as_("routed", 16, 60.0)]
+    report = ServeReport(tuple(rows))
+    assert report.speedup_vs_unbatched == {16: 3.0}  # ours batched over ours unbatched, not a baseline
+    assert report.ours_over("dense") == {16: 6.0}
+    assert report.ours_over_prefix_caching == {16: pytest.approx(1.5)}  # the better of local and routed

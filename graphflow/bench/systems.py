@@ -1,0 +1,60 @@
+"""The systems the served benches run the same workload as, on one deployment.
+
+Each is the served path (``WorkflowExecutor.run``) with some of what ours does turned off:
+
+* ``ours`` — the scheduler places every node: reuse where a replica holds the prefix, a
+  transfer of the missing blocks from another replica, or a recompute;
+* ``dense`` — KV reuse off: every node prefills its whole context;
+* ``local`` — per-replica prefix caching behind a round-robin balancer (what vLLM or SGLang
+  replicas give): node j runs on replica j mod N, each replica reuses only prefixes it holds,
+  nothing moves between replicas; nodes that arrive together each miss (no in-flight sharing);
+* ``routed`` — prefix caching with cache-aware routing: the scheduler places every node (its
+  prefix on the holder against the other replicas' queues and a recompute), nothing moves.
+
+The context (``ROOT``) is always materialized on ``holder``, where an upstream step left it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from graphflow.client import new_run_id
+from graphflow.runtime.executor import RunResult, WorkflowExecutor
+from graphflow.workflow.compile import ROOT, ExecGraph
+
+__all__ = ["PREFIX_CACHING", "SYSTEMS", "run_as"]
+
+
+@dataclass(frozen=True, slots=True)
+class _System:
+    reuse: bool
+    transfers: bool
+    round_robin: bool
+
+
+_SYSTEMS = {
+    "ours": _System(reuse=True, transfers=True, round_robin=False),
+    "dense": _System(reuse=False, transfers=True, round_robin=False),
+    "local": _System(reuse=True, transfers=False, round_robin=True),
+    "routed": _System(reuse=True, transfers=False, round_robin=False),
+}
+SYSTEMS = tuple(_SYSTEMS)
+PREFIX_CACHING = ("local", "routed")  # the baselines serving stacks give
+
+
+def run_as(
+    system: str, executor: WorkflowExecutor, graph: ExecGraph, root: Sequence[int], replicas: Sequence[str], holder: str
+) -> RunResult:
+    """Run ``graph`` over the context ``root`` as ``system`` would (see the module docstring);
+    a prefix-caching run that moved bytes is refused (it would not be that baseline)."""
+    if system not in _SYSTEMS:
+        raise ValueError(f"unknown system {system!r}; use {', '.join(SYSTEMS)}")
+    how = _SYSTEMS[system]
+    pin = {ROOT: holder}
+    if how.round_robin:
+        pin.update({n.id: replicas[j % len(replicas)] for j, n in enumerate(graph.nodes)})
+    got = executor.run(graph, list(root), new_run_id(), reuse=how.reuse, pin=pin, transfers=how.transfers)
+    if not how.transfers and got.bytes_moved:
+        raise RuntimeError(f"the {system} run moved {got.bytes_moved} bytes; it must move none")
+    return got
