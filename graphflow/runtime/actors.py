@@ -131,6 +131,10 @@ class ReplicaActor(ReplicaWorker):
     def stats(self) -> ReplicaStats:  # type: ignore[override]
         return super().stats()
 
+    @ray.method(concurrency_group=STATUS_GROUP)  # NOTE: never queued behind other runs' node calls
+    def end_run(self, run_id: str) -> None:  # type: ignore[override]
+        super().end_run(run_id)
+
 
 def _live_replicas(ray: Any, manager: Any) -> tuple[dict[str, Any], list[str]]:
     """The manager's replicas whose actors still exist (handles), and those that are gone

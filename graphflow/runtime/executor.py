@@ -198,7 +198,26 @@ class WorkflowExecutor:
         option where it can (an ablation; sweeps measure each option this way); the decisions
         (``RunResult.decisions``) still price every option. ``transfers=False`` never moves KV
         between replicas: each replica reuses only its own prefixes, as per-replica prefix
-        caching does (the baseline serving stacks give). Bad requests raise ``ValueError``."""
+        caching does (the baseline serving stacks give). Bad requests raise ``ValueError``.
+
+        However the run ends, every replica is told so (``end_run``): the states it protected
+        for this run's ready nodes are evictable again."""
+        try:
+            return self._run(gs, task_ids, run_id, reuse, on_node, pin, force, transfers)
+        finally:
+            self._end_run(run_id)
+
+    def _run(
+        self,
+        gs: ExecGraph,
+        task_ids: Sequence[int],
+        run_id: str,
+        reuse: bool,
+        on_node: Callable[[NodeTrace], None] | None,
+        pin: Mapping[str, str] | None,
+        force: Option | None,
+        transfers: bool,
+    ) -> RunResult:
         c = self.cluster
         pin = dict(pin or {})
         self._check_pin(gs, pin)
@@ -459,6 +478,17 @@ class WorkflowExecutor:
                 note,
             )
         raise Unavailable("every replica failed; restart the deployment (`graphflow serve`)")
+
+    def _end_run(self, run_id: str) -> None:
+        """Tell every live replica the run is over (a lost one is dropped, as anywhere else)."""
+        handles = {r: self.cluster.call(r, "end_run", run_id) for r in list(self.cluster.replicas)}
+        for r, h in handles.items():
+            try:
+                self.cluster.get(h)
+            except Exception as exc:
+                if not self.cluster.is_replica_failure(exc):
+                    raise
+                self._lose(r)
 
     # ---- failures ------------------------------------------------------------------------
     def _failed(self, exc: BaseException, d: Decision, handles: list[Any], tries: int) -> str:

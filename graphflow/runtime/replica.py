@@ -12,7 +12,8 @@ context tokens [0 ── local ── lo ────── hi ─────�
    ─► admits / evictions for the manager, what it can rebuild now, a per-node trace
 ```
 
-Eviction, when a new state does not fit, follows ``runtime.kept``: lowest eviction score
+The states it keeps live in ``runtime.replica_store``. Eviction, when a new state does not fit,
+follows ``runtime.kept``: lowest eviction score
 first (hits, bytes freed, age, the running workflows' steps until next use), never a state a
 ready node needs; ``eviction="oldest"`` keeps the old oldest-first order (an ablation).
 """
@@ -20,7 +21,6 @@ ready node needs; ``eviction="oldest"`` keeps the old oldest-first order (an abl
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,10 +33,9 @@ from graphflow.kv.differential.codecs import ResidualCodec
 from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.differential.store import KVMode
 from graphflow.kv.differential.template_kv import TemplateKV, TemplateStats, kv_mode
-from graphflow.kv.errors import ChecksumMismatch, MissingBlocks
+from graphflow.kv.errors import MissingBlocks
 from graphflow.kv.exchange import receive_blocks, send_blocks, spec_for_prompt
-from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo, StateRecord, batch_from_blocks
-from graphflow.kv.operators import evict as evict_state
+from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks, stack_cache
 from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
@@ -47,6 +46,7 @@ from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates, check_policy
 from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS, MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
+from graphflow.runtime.replica_store import ReplicaStore
 from graphflow.runtime.stats import ReplicaStats
 from scheduler.policy import Option
 from transport.base import TransferSpec, Transport, TransportConfig
@@ -108,15 +108,16 @@ class ReplicaWorker:
         # NOTE: Ray starts actors with OMP_NUM_THREADS=1; the engine gets the threads asked for
         torch.set_num_threads(config.threads or os.cpu_count() or 1)
         self.engine = Engine.load(config.model, device=config.device)
-        self.store = BlockStore(
+        store = BlockStore(
             self.engine.identity,
             config.capacity_bytes,
             config.block_tokens,
             Placement(config.name, node=config.node or "localhost", device=config.device),
         )
+        held = KeptStates(config.eviction, clock)
+        self.kept = ReplicaStore(store, held, config.name, self.engine.identity.model_key, config.block_tokens)
+        self.store, self._held, self._lock = store, held, self.kept.lock  # NOTE: one lock for every store mutation
         self._faults: list[str] = []
-        self._lock = threading.RLock()  # store mutations (a replica runs several calls at once)
-        self._held = KeptStates(config.eviction, clock)
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
         self.templates = _templates(self.engine, config)
@@ -180,7 +181,7 @@ class ReplicaWorker:
             self._held.note_next_use(plan.run_id, plan.next_use)
         use_cache = plan.keep and plan.option is not Option.RECOMPUTE
         rebuild_at = len(ids) - n_tmpl if plan.option is Option.RECONSTRUCT else len(ids)
-        local, evicted = self._local_prefix(ids, rebuild_at) if use_cache else ([], [])
+        local, evicted = self.kept.local_prefix(ids, rebuild_at) if use_cache else ([], [])
         moved, notes = 0, []
         received: list[KVBlock] = []
         lo, hi = plan.receive
@@ -313,7 +314,7 @@ class ReplicaWorker:
         ids = list(tokens)
         self._check_length(len(ids))
         begin = time.perf_counter()
-        local, evicted = self._local_prefix(ids, len(ids))
+        local, evicted = self.kept.local_prefix(ids, len(ids))
         cached = len(local) * self.config.block_tokens
         if self.batcher is not None and local:
             shared = self._prefixes.acquire(local)
@@ -325,7 +326,7 @@ class ReplicaWorker:
             blocks = self._cut(ids, req.cache, local)
         else:
             blocks = self._cut(ids, self._forward(ids[cached:], self._cache_of(local))[1], [])
-        admit, more = self._store_state(blocks, Lineage("materialize"), state_id, ids)
+        admit, more = self.kept.store_state(blocks, Lineage("materialize"), state_id, ids)
         seconds = time.perf_counter() - begin
         events: tuple[AdmitEvent | EvictEvent, ...] = (*evicted, *more, *([admit] if admit else []))
         return MaterializeResult(self.config.name, len(ids), seconds, admit is not None, events, reused=cached)
@@ -368,7 +369,7 @@ class ReplicaWorker:
         """Store the node's whole state (KV for every token but the last output) for reuse:
         ``prefix`` (stored blocks the node continued; ``cache`` then holds only what follows)
         plus the blocks cut from ``cache``."""
-        return self._store_state(
+        return self.kept.store_state(
             self._cut(state_tokens, cache, prefix), Lineage("node", plan.parents), plan.state_id, state_tokens
         )
 
@@ -380,92 +381,6 @@ class ReplicaWorker:
             return cache_to_blocks(cache, state_tokens, self.engine.identity, bt)
         at = len(prefix) * bt
         return prefix + make_blocks(prefix[-1].key, state_tokens[at:], at, stack_cache(cache), model_key, bt)
-
-    def _store_state(
-        self, computed: list[Any], lineage: Lineage, state_id: str, tokens: Sequence[int]
-    ) -> tuple[AdmitEvent | None, list[EvictEvent]]:
-        """Add a state, evicting others (see the module docstring) when the store is full.
-
-        A state that cannot fit without evicting a protected one, or that is larger than the
-        whole store, is not kept (the node's output is still valid; the state will be
-        recomputed when needed): the store never exceeds its budget.
-        """
-        with self._lock:
-            evicted: list[EvictEvent] = []
-            for b in computed:  # a stored copy that went corrupt is dropped, not shared
-                if self.store.has_block(b.key):
-                    try:
-                        self.store.block(b.key).verify()
-                    except ChecksumMismatch:
-                        evicted += self._drop_block(b.key)
-            while True:
-                # NOTE: a block this store already holds keeps its stored bytes (first writer
-                # wins, as in vLLM's prefix cache): the same tokens recomputed along another path
-                # differ only by rounding, and one key never maps to two versions on a replica.
-                blocks = [self.store.block(b.key) if self.store.has_block(b.key) else b for b in computed]
-                need = sum({b.key: b.nbytes for b in blocks if not self.store.has_block(b.key)}.values())
-                if self.store.can_allocate(need):
-                    break
-                victim = self._held.victim(self._freed_bytes)
-                if victim is None:
-                    break
-                evicted.append(self._evict(victim))
-            state = self.store.add_state(blocks, lineage, state_id)  # None: it does not fit
-            if state is None:
-                return None, evicted
-            self._held.add(state_id)
-            return self._admit_event(state_id, tokens), evicted
-
-    def _freed_bytes(self, state_id: str) -> int:
-        """Bytes that releasing ``state_id`` would free (blocks no other state holds)."""
-        return sum(b.nbytes for b in self.store.blocks(state_id) if self.store.refcount(b.key) == 1)
-
-    def _admit_event(self, state_id: str, tokens: Sequence[int]) -> AdmitEvent:
-        """The admit for a stored state, listing every block of it, not only new ones: the manager
-        must learn that this replica holds blocks it received or already had (it skips copies it
-        knows)."""
-        blocks = self.store.blocks(state_id)
-        unique = list({b.key: b for b in blocks}.values())
-        record = StateRecord.of(self.store.state(state_id), tokens)
-        return AdmitEvent(self.config.name, record, batch_from_blocks(unique, self.config.name, state_id))
-
-    def _evict(self, state_id: str) -> EvictEvent:
-        self._held.remove(state_id)
-        freed = tuple(k for k in self.store.state(state_id).block_keys if self.store.refcount(k) == 1)
-        evict_state(self.store, state_id)
-        return EvictEvent(self.config.name, freed, state_id)
-
-    def _local_prefix(self, ids: list[int], limit: int) -> tuple[list[KVBlock], list[EvictEvent]]:
-        """Leading full blocks of ``ids[:limit]`` this store holds, leaving ≥ 1 token to prefill.
-
-        Each block's checksum is verified before reuse; a corrupt block is never reused: the
-        states holding it are dropped (reported as evictions) and its tokens are recomputed.
-        States whose blocks are reused count a hit and are touched (eviction inputs)."""
-        bt = self.config.block_tokens
-        usable = min(len(ids) - 1, limit) // bt * bt
-        keys = chain_keys(ids[:usable], self.engine.identity.model_key, bt)
-        out: list[KVBlock] = []
-        with self._lock:
-            for k in keys:
-                if not self.store.has_block(k):
-                    break
-                block = self.store.block(k)
-                try:
-                    block.verify()
-                except ChecksumMismatch:
-                    return out, self._drop_block(k)
-                out.append(block)
-            if out:
-                self._held.touch(self._holders(out[-1].key))
-        return out, []
-
-    def _holders(self, key: int) -> list[str]:
-        """Kept states that hold block ``key``."""
-        return [sid for sid in self._held if key in self.store.state(sid).block_keys]
-
-    def _drop_block(self, key: int) -> list[EvictEvent]:
-        """Release every state holding ``key`` (a corrupt block); returns the evictions."""
-        return [self._evict(sid) for sid in self._holders(key)]
 
     # ---- transfers -----------------------------------------------------------------------
     def _receive(self, plan: NodePlan, ids: list[int]) -> tuple[int, list[KVBlock]]:
@@ -481,7 +396,7 @@ class ReplicaWorker:
         """Keep the own prefix + received blocks as a state of their own when they fit (they
         were used for the node either way); returns the evictions that made room."""
         n = len(blocks) * self.config.block_tokens
-        _, evicted = self._store_state(blocks, Lineage("transfer"), f"{plan.state_id}:transfer", ids[:n])
+        _, evicted = self.kept.store_state(blocks, Lineage("transfer"), f"{plan.state_id}:transfer", ids[:n])
         return evicted
 
     FAULTS = ("drop-send", "corrupt-send", "corrupt-store")
@@ -544,10 +459,15 @@ class ReplicaWorker:
         self.transport.recv(TransferSpec.for_headers(transfer_id, peer, headers))
         return time.perf_counter() - start
 
-    def release(self, state_id: str) -> int:
+    def end_run(self, run_id: str) -> None:
+        """The executor finished ``run_id`` (or gave up on it): the states its ready nodes
+        needed are no longer protected from eviction (each node's plan refreshes that table,
+        and after a run's last launch nothing else would clear it)."""
         with self._lock:
-            self._held.remove(state_id)
-            return self.store.release(state_id)
+            self._held.note_next_use(run_id, ())
+
+    def release(self, state_id: str) -> int:
+        return self.kept.release(state_id)
 
     def info(self) -> ReplicaInfo:
         """How the manager registers this replica."""
@@ -564,10 +484,7 @@ class ReplicaWorker:
     def holdings(self) -> list[AdmitEvent]:
         """Every state this replica holds, oldest first, as admits: a restarted manager
         re-learns the replica's contents from these."""
-        with self._lock:
-            return [
-                self._admit_event(sid, [t for b in self.store.blocks(sid) for t in b.token_ids]) for sid in self._held
-            ]
+        return self.kept.holdings()
 
     def template_holdings(self) -> tuple[Any, ...]:
         """What this replica can rebuild from base (+ residual) now (see ``TemplateHolding``)."""
@@ -614,5 +531,6 @@ class ReplicaWorker:
             peak_rows=loop.peak_rows if loop else 0,
             queue=self.queue_length(),
             shared_prefix_copies=self._prefixes.built,
+            protected_states=len(self._held.needed_now()),
             templates=self.templates.summary() if self.templates else TemplateStats(),
         )

@@ -51,6 +51,7 @@ class ReplicaStats:
     peak_rows: int
     queue: int  # node calls in this replica now
     shared_prefix_copies: int
+    protected_states: int  # kept states a ready node of a running workflow needs (not evictable)
     templates: TemplateStats = field(default_factory=TemplateStats)
     prefix: PrefixHits = field(default_factory=PrefixHits)
 

@@ -10,6 +10,7 @@ from graphflow.runtime.local import LocalCluster
 from graphflow.runtime.plan import NodePlan
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import load_corpus, references
+from graphflow.workflow.shapes import fan_out_workflow
 from scheduler.cost import LinkSpec, PrefillModel
 from scheduler.policy import Option, Policy
 
@@ -76,6 +77,19 @@ def test_without_transfers_each_replica_reuses_only_its_own_prefixes(cluster):
     assert on.bytes_moved == 0 and all(t.decision in ("reuse", "recompute", "materialize") for t in on.trace)
     assert all(Option.TRANSFER not in d.predicted_s for d in on.decisions)  # never offered, not merely lost
     assert on.outputs == ex.run(gs, ids, "no-transfers-2", reuse=False).outputs
+
+
+def test_a_finished_run_leaves_no_state_protected(cluster):
+    """Every agent of a fan-out launches in one round, so no later plan of the run clears what
+    they protected; the executor's end of run does (else each root stays unevictable for good)."""
+    ex = _executor(cluster, link_bw=1e12, prefill_b=1e-2)
+    ids = cluster.workers["replica-0"].encode(TASK + "(fan-out)")
+    fan = compile_workflow(fan_out_workflow(4))
+    ex.run(fan, ids, "protect-1")
+    assert all(s.protected_states == 0 for s in cluster.stats())
+    with pytest.raises(ValueError):
+        ex.run(fan, ids, "protect-2", pin={"nope": "replica-0"})  # refused before any node ran
+    assert all(s.protected_states == 0 for s in cluster.stats())
 
 
 def test_replica_rejects_an_empty_node(cluster):
