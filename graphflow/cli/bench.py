@@ -190,7 +190,7 @@ def bench_multi_agent_cmd(
     decode: int = typer.Option(32, help="Tokens each agent generates."),
     threads: int = typer.Option(1, help="Torch threads per replica."),
     repeats: int = typer.Option(1, help="Trials per (agents, system); the median makespan's is kept."),
-    systems: str = typer.Option("ours,ideal,dense,local,routed", help="Systems to run (ours always)."),
+    systems: str = typer.Option("ours,ideal,dense,local,routed", help="Systems to run; ours must be one."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """k agents over one root through the served path (embedded Ray, two replicas): ours, an
