@@ -150,12 +150,19 @@ def served_args(
 
 
 def publish_served(
-    here: Path, name: str, result: dict[str, Any], settings: dict[str, Any], table: str, quick: bool, as_json: bool
+    here: Path,
+    name: str,
+    result: dict[str, Any],
+    settings: dict[str, Any],
+    table: str,
+    quick: bool,
+    as_json: bool,
+    sub: str = "served",
 ) -> None:
-    """A served study's outputs: ``results/served/<name>.json`` and ``meta.json`` (under
-    ``out/quick-served/`` for ``--quick``), the README's ``served`` section from ``table`` (full
+    """A served study's outputs: ``results/<sub>/<name>.json`` and ``meta.json`` (under
+    ``out/quick-<sub>/`` for ``--quick``), the README's ``<sub>`` section from ``table`` (full
     runs only), then the table or the JSON on stdout."""
-    folder = output_dir(here, quick, "served")
+    folder = output_dir(here, quick, sub)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.json").write_text(json.dumps(result, indent=2))
     module = f"experiments.{here.name}.served"
@@ -165,7 +172,7 @@ def publish_served(
         **{k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()},
     )
     if not quick:
-        replace_section(here / "README.md", "served", table)
+        replace_section(here / "README.md", sub, table)
     print(json.dumps(result) if as_json else table)
 
 

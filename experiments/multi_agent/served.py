@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import publish_served, served_args
-from graphflow.bench.multi_agent import MultiAgentReport, run_multi_agent_bench
+from graphflow.bench.multi_agent import SYSTEMS, MultiAgentReport, run_multi_agent_bench
 
 HERE = Path(__file__).parent
 FULL = {
@@ -58,13 +58,21 @@ def table(result: MultiAgentReport, settings: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    args = served_args(__doc__)
+    args = served_args(
+        __doc__,
+        lambda p: p.add_argument(
+            "--systems", default="", help="run only these (ours always); writes results/served-<systems>/"
+        ),
+    )
     s = QUICK if args.quick else FULL
+    systems = tuple(dict.fromkeys(["ours", *(x for x in args.systems.split(",") if x)])) if args.systems else SYSTEMS
     say = (lambda _m: None) if args.json else (lambda m: print(f"… {m}", flush=True))
     result = run_multi_agent_bench(
-        s["model"], s["agents"], s["root_tokens"], s["decode"], s["threads"], s["repeats"], say=say
+        s["model"], s["agents"], s["root_tokens"], s["decode"], s["threads"], s["repeats"], say=say, systems=systems
     )
-    publish_served(HERE, "bench_multi_agent", result.to_json(), s, table(result, s), args.quick, args.json)
+    sub = "served" if systems == SYSTEMS else "served-" + "-".join(systems)
+    settings = {**s, "systems": systems}
+    publish_served(HERE, "bench_multi_agent", result.to_json(), settings, table(result, s), args.quick, args.json, sub)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ FULL = {
     "hol_prefill": 4096,
     "threads": 1,
     "max_batch_tokens": MAX_BATCH_TOKENS,
-    "baselines": ("dense", "local", "routed"),
+    "baselines": ("dense", "local", "routed", "holder"),
 }
 QUICK = {
     **FULL,

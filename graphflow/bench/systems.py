@@ -9,7 +9,12 @@ Each is the served path (``WorkflowExecutor.run``) with some of what ours does t
   replicas give): node j runs on replica j mod N, each replica reuses only prefixes it holds,
   nothing moves between replicas; nodes that arrive together each miss (no in-flight sharing);
 * ``routed`` — prefix caching with cache-aware routing: the scheduler places every node (its
-  prefix on the holder against the other replicas' queues and a recompute), nothing moves.
+  prefix on the holder against the other replicas' queues and a recompute), nothing moves. Its
+  queue estimate charges each queued node a prefill of its whole context, so under load it
+  sends nodes to recompute on an idle replica;
+* ``holder`` — prefix caching with prefix-affinity routing: every node runs on the replica that
+  holds the context (what a router that always follows the longest cached prefix does),
+  nothing moves.
 
 The context (``ROOT``) is always materialized on ``holder``, where an upstream step left it.
 """
@@ -30,17 +35,19 @@ __all__ = ["PREFIX_CACHING", "SYSTEMS", "run_as"]
 class _System:
     reuse: bool
     transfers: bool
-    round_robin: bool
+    round_robin: bool = False
+    on_holder: bool = False
 
 
 _SYSTEMS = {
-    "ours": _System(reuse=True, transfers=True, round_robin=False),
-    "dense": _System(reuse=False, transfers=True, round_robin=False),
+    "ours": _System(reuse=True, transfers=True),
+    "dense": _System(reuse=False, transfers=True),
     "local": _System(reuse=True, transfers=False, round_robin=True),
-    "routed": _System(reuse=True, transfers=False, round_robin=False),
+    "routed": _System(reuse=True, transfers=False),
+    "holder": _System(reuse=True, transfers=False, on_holder=True),
 }
 SYSTEMS = tuple(_SYSTEMS)
-PREFIX_CACHING = ("local", "routed")  # the baselines serving stacks give
+PREFIX_CACHING = ("local", "routed", "holder")  # the baselines serving stacks give
 
 
 def run_as(
@@ -54,6 +61,8 @@ def run_as(
     pin = {ROOT: holder}
     if how.round_robin:
         pin.update({n.id: replicas[j % len(replicas)] for j, n in enumerate(graph.nodes)})
+    if how.on_holder:
+        pin.update({n.id: holder for n in graph.nodes})
     got = executor.run(graph, list(root), new_run_id(), reuse=how.reuse, pin=pin, transfers=how.transfers)
     if not how.transfers and got.bytes_moved:
         raise RuntimeError(f"the {system} run moved {got.bytes_moved} bytes; it must move none")

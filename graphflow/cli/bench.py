@@ -190,13 +190,14 @@ def bench_multi_agent_cmd(
     decode: int = typer.Option(32, help="Tokens each agent generates."),
     threads: int = typer.Option(1, help="Torch threads per replica."),
     repeats: int = typer.Option(1, help="Trials per (agents, system); the median makespan's is kept."),
-    systems: str = typer.Option("ours,ideal,dense,local,routed", help="Systems to run; ours must be one."),
+    systems: str = typer.Option("ours,ideal,dense,local,routed,holder", help="Systems to run; ours must be one."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """k agents over one root through the served path (embedded Ray, two replicas): ours, an
     ideal measured on its own (the root's prefill in its own trial, then the agents on replicas
-    that all hold it, nothing moved), dense (reuse off) and two prefix-caching baselines that
-    never move KV (local: round-robin replicas; routed: cache-aware placement), same run."""
+    that all hold it, nothing moved), dense (reuse off) and three prefix-caching baselines that
+    never move KV (local: round-robin replicas; routed: cache-aware placement; holder: every
+    agent on the replica holding the root), same run."""
     from graphflow.bench.multi_agent import run_multi_agent_bench
 
     result = run_multi_agent_bench(
@@ -254,7 +255,7 @@ def bench_serve_cmd(
     no_reference: bool = typer.Option(False, "--no-reference", help="Only the batched path (no unbatched rows)."),
     scripted: bool = typer.Option(False, "--scripted", help="Also run the scripted agents job (largest count)."),
     baselines: str = typer.Option(
-        "", help="Also run the batched workload as these systems: dense, local, routed (graphflow.bench.systems)."
+        "", help="Also run the batched workload as: dense, local, routed, holder (graphflow.bench.systems)."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:

@@ -27,7 +27,7 @@ def test_ours_ideal_dense_and_prefix_caching_run_through_the_served_path():
         )
     )
     rows = {(r["agents"], r["system"]): r for r in got["rows"]}
-    systems = ("ours", "ideal", "dense", "local", "routed")
+    systems = ("ours", "ideal", "dense", "local", "routed", "holder")
     assert set(rows) == {(k, s) for k in (1, 3) for s in systems}
     for (k, system), r in rows.items():
         assert r["generated_tokens"] == 4 * k and r["makespan_s"] > 0
@@ -35,7 +35,10 @@ def test_ours_ideal_dense_and_prefix_caching_run_through_the_served_path():
     for k in (1, 3):
         assert rows[k, "ideal"]["bytes_moved"] == 0  # the ideal moves nothing by construction
         assert "reuse" in rows[k, "ideal"]["decisions"] and "recompute" in rows[k, "dense"]["decisions"]
-        assert rows[k, "local"]["bytes_moved"] == rows[k, "routed"]["bytes_moved"] == 0  # prefix caching moves nothing
+        assert all(
+            rows[k, s]["bytes_moved"] == 0 for s in ("local", "routed", "holder")
+        )  # prefix caching moves nothing
+        assert rows[k, "holder"]["replicas_used"] == 1
         assert "transfer" not in rows[k, "local"]["decisions"] and "transfer" not in rows[k, "routed"]["decisions"]
     # round robin over two replicas: the second replica's agent holds no prefix and recomputes it
     assert rows[3, "local"]["replicas_used"] == 2 and rows[3, "local"]["decisions"].get("recompute", 0) >= 1

@@ -29,7 +29,7 @@ def test_bench_serve_batches_concurrent_workflows_and_shares_a_root():
             "--hol-prefill",
             "0",
             "--baselines",
-            "dense,local,routed",
+            "dense,local,routed,holder",
             "--json",
             timeout=900,
         )
@@ -38,10 +38,11 @@ def test_bench_serve_batches_concurrent_workflows_and_shares_a_root():
     assert set(rows) == {(True, 1), (True, 4), (False, 1), (False, 4)}
     # the baselines ran the batched workload only, at every count; prefix caching moved nothing
     base = {(r["system"], r["workflows"]): r for r in got["rows"] if r["system"] != "ours"}
-    assert set(base) == {(s, w) for s in ("dense", "local", "routed") for w in (1, 4)}
+    assert set(base) == {(s, w) for s in ("dense", "local", "routed", "holder") for w in (1, 4)}
     assert all(r["batching"] for r in base.values())
     assert set(base["dense", 4]["decisions"]) == {"recompute"} and "transfer" not in base["local", 4]["decisions"]
-    assert set(got["ours_over"]) == {"dense", "local", "routed"} and set(got["ours_over_prefix_caching"]) == {"1", "4"}
+    assert set(got["ours_over"]) == {"dense", "local", "routed", "holder"}
+    assert set(got["ours_over_prefix_caching"]) == {"1", "4"}
     for r in got["rows"]:
         assert r["agents"] == 2 * r["workflows"] and r["generated_tokens"] == 6 * r["agents"]
         assert r["tokens_per_s"] > 0 and 0 < r["ttft_p50_s"] <= r["ttft_p99_s"]

@@ -28,7 +28,8 @@ def test_efficiency_is_the_ideal_over_ours_with_and_without_the_roots_prefill():
 
 def test_the_better_prefix_caching_baseline_is_the_faster_of_the_two():
     rows = [_row("ours", 4, 1.0, 3.0), _row("local", 4, 1.0, 11.0), _row("routed", 4, 1.0, 5.0)]
-    rows.append(_row("local", 8, 1.0, 1.0))  # no routed row at 8: not judged there
+    rows += [_row("holder", 4, 1.0, 7.0), _row("local", 8, 1.0, 1.0)]  # no ours at 8: not judged there
+    rows += [_row("ours", 2, 1.0, 1.0), _row("holder", 2, 1.0, 3.0)]  # only one baseline ran at 2
     got = MultiAgentReport(tuple(rows))
-    assert got.prefix_caching_over_ours == {4: pytest.approx(6.0 / 4.0)}
+    assert got.prefix_caching_over_ours == {2: pytest.approx(2.0), 4: pytest.approx(6.0 / 4.0)}
     assert got.to_json()["prefix_caching_over_ours"] == got.prefix_caching_over_ours

@@ -49,7 +49,7 @@ def test_ours_is_compared_with_each_baseline_on_the_batched_rows():
         return replace(row(True, workflows, tps), system=system)
 
     rows = [row(True, 16, 90.0), row(False, 16, 30.0), as_("dense", 16, 15.0)]
-    rows += [as_("local", 16, 45.0), as_("routed", 16, 60.0)]
+    rows += [as_("local", 16, 45.0), as_("routed", 16, 60.0), as_("holder", 16, 50.0)]
     report = ServeReport(tuple(rows))
     assert report.speedup_vs_unbatched == {16: 3.0}  # ours batched over ours unbatched, not a baseline
     assert report.ours_over("dense") == {16: 6.0}

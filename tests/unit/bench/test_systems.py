@@ -29,8 +29,10 @@ def test_each_system_runs_the_same_agents_and_the_baselines_move_nothing(served)
     for s in SYSTEMS:
         assert got[s].outputs == ex.run(graph, roots[s], f"check-{s}", reuse=False).outputs
     assert {t.decision for t in got["dense"].nodes} == {"recompute"}
-    for s in ("local", "routed"):
+    for s in ("local", "routed", "holder"):
         assert got[s].bytes_moved == 0 and "transfer" not in {t.decision for t in got[s].nodes}
+    assert {t.replica for t in got["holder"].nodes} == {HOLDER_HERE}
+    assert {t.decision for t in got["holder"].nodes} == {"reuse"}
     # round robin: agent j on replica j mod 2, and the second replica holds no prefix of its own
     where = {t.node: t.replica for t in got["local"].nodes}  # NOTE: traces come in finishing order
     assert [where[f"agent-{j}"] for j in range(4)] == ["replica-0", "replica-1"] * 2
