@@ -29,7 +29,7 @@ from typing import Any
 
 from graphflow.bench.serve import HOLDER, agents_graph, decision_counts
 from graphflow.bench.served import PinnedAgent
-from graphflow.bench.systems import PREFIX_CACHING, run_as
+from graphflow.bench.systems import PREFIX_CACHING, lowest_per_key, run_as
 from graphflow.client import Client, connect, new_run_id
 
 __all__ = ["MultiAgentBench", "MultiAgentReport", "MultiAgentRow", "run_multi_agent_bench"]
@@ -131,9 +131,7 @@ class MultiAgentReport:
     @property
     def prefix_caching_over_ours(self) -> dict[int, float]:
         """The best prefix-caching baseline that ran at k: its makespan ÷ ours (> 1: ours ahead)."""
-        per = [self._over_ours(s, lambda r: r.makespan_s) for s in PREFIX_CACHING]
-        ks = sorted({k for p in per for k in p})
-        return {k: min(p[k] for p in per if k in p) for k in ks}
+        return lowest_per_key([self._over_ours(s, lambda r: r.makespan_s) for s in PREFIX_CACHING])
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from graphflow.bench.served import PinnedAgent
-from graphflow.bench.systems import PREFIX_CACHING, SYSTEMS, run_as
+from graphflow.bench.systems import PREFIX_CACHING, SYSTEMS, lowest_per_key, run_as
 from graphflow.client import Client, connect, new_run_id
 from graphflow.runtime.executor import NodeTrace, RunResult
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
@@ -371,9 +371,7 @@ class ServeReport:
     @property
     def ours_over_prefix_caching(self) -> dict[int, float]:
         """Ours ÷ the best prefix-caching baseline that ran at each count (most tokens/s)."""
-        per = [self.ours_over(s) for s in PREFIX_CACHING]
-        ks = sorted({w for p in per for w in p})
-        return {w: min(p[w] for p in per if w in p) for w in ks}
+        return lowest_per_key([self.ours_over(s) for s in PREFIX_CACHING])
 
     @property
     def memory_growth_vs_dense(self) -> dict[str, float]:

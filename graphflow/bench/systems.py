@@ -21,14 +21,14 @@ The context (``ROOT``) is always materialized on ``holder``, where an upstream s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from graphflow.client import new_run_id
 from graphflow.runtime.executor import RunResult, WorkflowExecutor
 from graphflow.workflow.compile import ROOT, ExecGraph
 
-__all__ = ["PREFIX_CACHING", "SYSTEMS", "run_as"]
+__all__ = ["PREFIX_CACHING", "SYSTEMS", "lowest_per_key", "run_as"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,13 @@ _SYSTEMS = {
 }
 SYSTEMS = tuple(_SYSTEMS)
 PREFIX_CACHING = ("local", "routed", "holder")  # the baselines serving stacks give
+
+
+def lowest_per_key(per_system: Sequence[Mapping[int, float]]) -> dict[int, float]:
+    """Per key (a k, a workflow count), the lowest ratio among the systems that ran there: with
+    ratios of theirs over ours, or ours over theirs, the best baseline's."""
+    keys = sorted({k for ratios in per_system for k in ratios})
+    return {k: min(r[k] for r in per_system if k in r) for k in keys}
 
 
 def run_as(
