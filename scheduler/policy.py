@@ -38,6 +38,7 @@ __all__ = [
     "StateRequest",
     "decide",
     "place",
+    "prefill_work_s",
     "prediction_error",
     "recompute",
     "regret",
@@ -263,6 +264,13 @@ def recompute(
         total_tokens=total_tokens,
         fallback=fallback,
     )
+
+
+def prefill_work_s(d: Decision, pol: Policy) -> float:
+    """Predicted seconds of prefill ``d`` runs on its replica (its suffix on top of what the
+    replica already holds or receives): the part of a node that occupies the replica's compute
+    beyond the decode rows its engine loop batches."""
+    return t_prefill_suffix(pol.prefill, d.total_tokens - d.prefill_tokens, d.total_tokens)
 
 
 def place(

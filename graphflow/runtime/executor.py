@@ -32,7 +32,17 @@ from graphflow.runtime.errors import Unavailable, root_cause
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult, TemplateRef
 from graphflow.workflow.compile import ROOT, ExecGraph, node_context, node_path
 from scheduler.cost import LinkMatrix, LinkSpec
-from scheduler.policy import Decision, Option, Policy, RemoteCopy, ResidualCopy, StateRequest, place, recompute
+from scheduler.policy import (
+    Decision,
+    Option,
+    Policy,
+    RemoteCopy,
+    ResidualCopy,
+    StateRequest,
+    place,
+    prefill_work_s,
+    recompute,
+)
 from transport.base import transfer_ids
 from transport.errors import TransportError
 
@@ -231,7 +241,8 @@ class WorkflowExecutor:
         outputs: dict[str, tuple[int, ...]] = {}
         decisions: list[Decision] = []
         in_flight: dict[Any, tuple[str, Decision, list[Any], float, float]] = {}  # + decided at, decide s
-        load = {r: 0 for r in c.replicas}
+        load = {r: 0 for r in c.replicas}  # this run's nodes in flight on each replica
+        work = {r: 0.0 for r in c.replicas}  # ... and the prefill seconds they were decided to take
         transferring: set[str] = set()  # replicas with a transfer in flight
         retry: dict[str, str] = {}  # node → why its last attempt failed (it is recomputed)
         attempts: dict[str, int] = {}
@@ -261,7 +272,7 @@ class WorkflowExecutor:
                         fallback=retry[nid],
                     )
                 elif reuse:
-                    d = self._decide(ctx, tmpl, load, pinned, force, transfers)
+                    d = self._decide(ctx, tmpl, load, work, pinned, force, transfers)
                 else:
                     d = recompute(
                         pinned or c.replicas[next(turn) % len(c.replicas)], len(ctx), self.bpt, self.policy, "reuse off"
@@ -293,11 +304,13 @@ class WorkflowExecutor:
                     transferring.add(d.replica)
                 in_flight[handles[0]] = (nid, d, handles, t0, time.perf_counter() - t0)
                 load[d.replica] += 1
+                work[d.replica] += prefill_work_s(d, self.policy)
             if not in_flight:
                 continue
             done = c.wait_one(list(in_flight))
             nid, d, handles, t0, decide_s = in_flight.pop(done)
             load[d.replica] -= 1
+            work[d.replica] = max(0.0, work[d.replica] - prefill_work_s(d, self.policy)) if load[d.replica] else 0.0
             if d.option is Option.TRANSFER:
                 transferring.discard(d.replica)
             try:
@@ -331,6 +344,7 @@ class WorkflowExecutor:
         ctx: list[int],
         tmpl: TemplateRef,
         load: dict[str, int],
+        work: dict[str, float],
         pinned: str = "",
         force: Option | None = None,
         transfers: bool = True,
@@ -363,10 +377,20 @@ class WorkflowExecutor:
                     residual=self._residual(held.get(r), len(ctx), tmpl),
                 )
             )
+        return place(requests, self._queue_s(len(ctx), load, work), self.policy, force)
+
+    def _queue_s(self, tokens: int, load: dict[str, int], work: dict[str, float]) -> dict[str, float]:
+        """Seconds of work ahead of a new node on each replica.
+
+        This run's nodes in flight there are charged the prefill they were decided to take: a
+        replica's engine loop runs their decodes in the steps it runs anyway, one row each, so
+        a queued decode barely delays a newcomer while a queued prefill takes its own steps.
+        Other clients' nodes (the replica's count beyond this run's) are of unknown size and are
+        charged a prefill of this node's whole context each."""
         # NOTE: the replicas count every client's nodes; this run's own launches may not have arrived yet
         reported = self.cluster.queue_lengths()
-        queue = {r: max(n, reported.get(r, 0)) * self.policy.prefill(len(ctx)) for r, n in load.items()}
-        return place(requests, queue, self.policy, force)
+        full = self.policy.prefill(tokens)
+        return {r: work[r] + max(0, reported.get(r, 0) - n) * full for r, n in load.items()}
 
     @staticmethod
     def _residual(h: TemplateHolding | None, total: int, tmpl: TemplateRef) -> ResidualCopy | None:

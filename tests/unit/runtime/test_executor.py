@@ -166,3 +166,20 @@ def test_placement_counts_the_replicas_queues(cluster, monkeypatch):
         monkeypatch.setattr(cluster, "queue_lengths", lambda busy=busy, idle=idle: {busy: 50, idle: 0})
         got = ex.run(gs, ids, f"t-queue-{busy}", pin={"ROOT": busy})
         assert got.trace[0].replica == busy and {t.replica for t in got.nodes} == {idle}
+
+
+def test_agents_over_one_context_stay_where_it_is_when_moving_it_costs_more_than_their_prefills(cluster):
+    """Queued nodes are charged the prefill they were decided to take, not a prefill of the whole
+    context each: four branches over a context on replica-0 prefill only their own templates
+    there, which together cost less than moving the context to replica-1."""
+    w0 = cluster.workers["replica-0"]
+    ids = w0.encode("(stay) " + TASK * 4)
+    pol = Policy(PrefillModel(0.0, 1e-4, 0.0))
+    # moving the context takes half a prefill of it: cheaper than one full prefill, dearer than
+    # the branches' own prefills (their templates are far shorter than the context)
+    link = LinkSpec("local", len(ids) * w0.kv_bytes_per_token() / (0.5 * pol.prefill(len(ids))), 0.0)
+    ex = WorkflowExecutor(cluster, pol, link, w0.kv_bytes_per_token(), w0.model_key(), 6)
+    got = ex.run(compile_workflow(fan_out_workflow(4)), ids, "t-stay", pin={"ROOT": "replica-0"})
+    branches = [t for t in got.nodes if t.node.startswith("b")]
+    assert len(branches) == 4 and {(t.replica, t.decision) for t in branches} == {("replica-0", "reuse")}
+    assert all(t.bytes_moved == 0 for t in got.trace)
