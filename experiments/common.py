@@ -149,6 +149,11 @@ def served_args(
     return args
 
 
+def progress(as_json: bool) -> Callable[[str], None]:
+    """Where a served study says what it is doing: stdout, or nowhere under ``--json``."""
+    return (lambda _m: None) if as_json else (lambda m: print(f"… {m}", flush=True))
+
+
 def publish_served(
     here: Path,
     name: str,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.common import publish_served, served_args
+from experiments.common import progress, publish_served, served_args
 from graphflow.bench.multi_agent import SYSTEMS, MultiAgentReport, run_multi_agent_bench
 
 HERE = Path(__file__).parent
@@ -66,7 +66,7 @@ def main() -> None:
     )
     s = QUICK if args.quick else FULL
     systems = tuple(dict.fromkeys(["ours", *(x for x in args.systems.split(",") if x)])) if args.systems else SYSTEMS
-    say = (lambda _m: None) if args.json else (lambda m: print(f"… {m}", flush=True))
+    say = progress(args.json)
     result = run_multi_agent_bench(
         s["model"], s["agents"], s["root_tokens"], s["decode"], s["threads"], s["repeats"], say=say, systems=systems
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.common import publish_served, served_args
+from experiments.common import progress, publish_served, served_args
 from graphflow.bench.serve import ServeReport, run_serve_bench
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 
@@ -98,7 +98,7 @@ def main() -> None:
         __doc__, lambda p: p.add_argument("--no-scripted", action="store_true", help="skip the scripted agents job")
     )
     s = QUICK if args.quick else FULL
-    say = (lambda _m: None) if args.json else (lambda m: print(f"… {m}", flush=True))
+    say = progress(args.json)
     result = run_serve_bench(
         s["model"],
         2,

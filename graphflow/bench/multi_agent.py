@@ -17,16 +17,20 @@ reuses another's blocks):
   prefix-affinity routing (every agent on the holder). The last three never move KV.
 
 ``makespan_s`` = root prefill (ours, ideal) + the time from the agents' submission until the
-last agent's last token; ``efficiency`` = ideal ÷ ours. Every number is measured here.
+last agent's last token; ``efficiency`` = ideal ÷ ours. ``peak_rss_growth_bytes`` is the
+replicas' peak resident-memory growth over the whole trial, the root's prefill included
+(:class:`~graphflow.bench.replica_memory.ReplicaMemory`; the peak-memory study reports it).
+Every number is measured here.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from graphflow.bench.replica_memory import ReplicaMemory
 from graphflow.bench.serve import HOLDER, agents_graph, decision_counts
 from graphflow.bench.served import PinnedAgent
 from graphflow.bench.systems import PREFIX_CACHING, lowest_per_key, run_as
@@ -49,6 +53,7 @@ class MultiAgentRow:
     bytes_moved: int
     decisions: dict[str, int]
     replicas_used: int
+    peak_rss_growth_bytes: int = 0  # summed over the replicas, the whole trial
 
 
 class MultiAgentBench:
@@ -58,6 +63,7 @@ class MultiAgentBench:
         self.client = client
         self.say = say
         self.contexts = PinnedAgent(client)
+        self.memory = ReplicaMemory(client)
 
     def trial(self, system: str, agents: int, root_tokens: int) -> MultiAgentRow:
         """One trial of ``system`` (one of ``SYSTEMS``) with ``agents`` agents."""
@@ -65,6 +71,7 @@ class MultiAgentBench:
             raise ValueError(f"unknown system {system!r}; use {', '.join(SYSTEMS)}")
         ex = self.client.executor
         root = self.contexts.context(root_tokens)
+        self.memory.start()
         prefill_s = 0.0
         if system != "dense":
             begin = time.perf_counter()
@@ -78,6 +85,7 @@ class MultiAgentBench:
         begin = time.perf_counter()
         got = run_as("ours" if system == "ideal" else system, ex, graph, root, self.client.cluster.replicas, HOLDER)
         agents_s = time.perf_counter() - begin
+        growth = self.memory.growth()
         traces = got.nodes
         if system == "ideal" and got.bytes_moved:
             raise RuntimeError(f"the ideal trial moved {got.bytes_moved} bytes; it must move none")
@@ -94,6 +102,7 @@ class MultiAgentBench:
             got.bytes_moved,
             decisions,
             len({t.replica for t in traces}),
+            growth,
         )
 
 
@@ -129,9 +138,26 @@ class MultiAgentReport:
         return min(self.efficiency.values(), default=None)
 
     @property
+    def memory_over_dense(self) -> dict[str, dict[int, float]]:
+        """Per system but dense, per k: its peak RSS growth ÷ dense's (< 1: less memory)."""
+        by = {(r.agents, r.system): r for r in self.rows}
+        out: dict[str, dict[int, float]] = {}
+        for (k, system), r in sorted(by.items()):
+            dense = by.get((k, "dense"))
+            if system != "dense" and dense is not None and dense.peak_rss_growth_bytes > 0:
+                out.setdefault(system, {})[k] = r.peak_rss_growth_bytes / dense.peak_rss_growth_bytes
+        return out
+
+    @property
     def prefix_caching_over_ours(self) -> dict[int, float]:
         """The best prefix-caching baseline that ran at k: its makespan ÷ ours (> 1: ours ahead)."""
         return lowest_per_key([self._over_ours(s, lambda r: r.makespan_s) for s in PREFIX_CACHING])
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> MultiAgentReport:
+        """A report back from its :meth:`to_json` (a study's committed JSON); the ratios are
+        derived again from the rows."""
+        return cls(tuple(MultiAgentRow(**r) for r in obj["rows"]), obj.get("threads", 0), obj.get("transport", ""))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -141,6 +167,7 @@ class MultiAgentReport:
             "dense_over_ours": self.dense_over_ours,
             "efficiency_min": self.efficiency_min,
             "prefix_caching_over_ours": self.prefix_caching_over_ours,
+            "memory_over_dense": self.memory_over_dense,
             "threads": self.threads,
             "transport": self.transport,
         }

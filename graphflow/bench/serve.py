@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from graphflow.bench.replica_memory import ReplicaMemory
 from graphflow.bench.served import PinnedAgent
 from graphflow.bench.systems import PREFIX_CACHING, SYSTEMS, lowest_per_key, run_as
 from graphflow.client import Client, connect, new_run_id
@@ -134,6 +135,7 @@ class ServeBench:
         self.say = say
         self.contexts = PinnedAgent(client)
         self.replicas = list(client.cluster.replicas)
+        self.memory = ReplicaMemory(client)
 
     # ---- throughput ----------------------------------------------------------------------
     def throughput(self, workflows: int, root_tokens: int, agents: int, system: str = "ours") -> ServeRow:
@@ -142,7 +144,7 @@ class ServeBench:
         roots = [self.contexts.context(root_tokens) for _ in range(workflows)]
         for i, root in enumerate(roots):  # computed upstream: not timed
             ex.materialize_root(f"upstream-{new_run_id()}-{i}", root, HOLDER)
-        self._reset_memory()
+        self.memory.start()
         steps_before = self._engine_counts()
         results: list[RunResult | BaseException] = [RuntimeError("not run")] * workflows
 
@@ -167,7 +169,7 @@ class ServeBench:
         generated = sum(len(out) for r in runs for out in r.outputs.values())
         ttfts = [t.first_token_s for t in agent_traces]
         decisions = decision_counts(agent_traces)
-        growth, kv = self._memory_growth(), sum(s.used_bytes for s in self.client.status())
+        growth, kv = self.memory.growth(), self.memory.kept_bytes()
         steps, rows = (after - before for after, before in zip(self._engine_counts(), steps_before, strict=True))
         return ServeRow(
             self.batching,
@@ -195,12 +197,11 @@ class ServeBench:
         pin = {ROOT: HOLDER, **{n.id: HOLDER for n in graph.nodes}}
         if reuse:
             ex.materialize_root(f"upstream-{new_run_id()}", root, HOLDER)
-        begin_rss = self._reset_memory(HOLDER)
+        self.memory.start([HOLDER])
         begin = time.perf_counter()
         ex.run(graph, root, new_run_id(), reuse=reuse, pin=pin)
         wall = time.perf_counter() - begin
-        peak = self._peak(HOLDER)
-        return MemoryRow(self.batching, reuse, agents, root_tokens, max(0, peak - begin_rss), wall)
+        return MemoryRow(self.batching, reuse, agents, root_tokens, self.memory.growth(), wall)
 
     # ---- head-of-line blocking -----------------------------------------------------------
     def head_of_line(self, prefill_tokens: int, short_tokens: int = 128, samples: int = 5) -> HolRow:
@@ -245,22 +246,6 @@ class ServeBench:
         """(engine steps, forward rows) the replicas' loops have run so far."""
         stats = self.client.status()
         return sum(s.engine_steps for s in stats), sum(s.engine_rows for s in stats)
-
-    # ---- replica memory ------------------------------------------------------------------
-    def _reset_memory(self, replica: str = "") -> int:
-        """Reset each replica's peak (or ``replica``'s); returns the resident bytes at reset."""
-        c = self.client.cluster
-        names = [replica] if replica else self.replicas
-        got = [c.get(c.call(r, "memory", True)) for r in names]
-        self._start = {r: g[0] for r, g in zip(names, got, strict=True)}
-        return sum(g[0] for g in got)
-
-    def _peak(self, replica: str) -> int:
-        c = self.client.cluster
-        return int(c.get(c.call(replica, "memory"))[1])
-
-    def _memory_growth(self) -> int:
-        return sum(max(0, self._peak(r) - self._start[r]) for r in self.replicas)
 
 
 def decision_counts(traces: Sequence[NodeTrace]) -> dict[str, int]:

@@ -1,8 +1,9 @@
 """The same workflow run twice on a deployment, KV reuse on and off: :class:`ReuseComparison`.
 
-``graphflow check e2e`` (:func:`run_e2e_check`) runs a fan-out workflow whose shared task
-context is long enough that moving its KV beats recomputing it, and passes when the outputs
-are identical; ``graphflow demo`` compares each of its runs the same way.
+``graphflow check e2e`` (:func:`run_e2e_check`) runs a fan-out workflow whose branches are
+pinned to the replicas in turn, over a task context long enough that moving its KV beats
+recomputing it, and passes when the outputs are identical; ``graphflow demo`` compares each of
+its runs the same way (placed by the scheduler alone).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from graphflow.client import Client
 from graphflow.runtime.executor import RunResult
+from graphflow.workflow.compile import ROOT
 from graphflow.workflow.corpus import Workflow
 from graphflow.workflow.shapes import fan_out_workflow
 
@@ -68,11 +70,12 @@ class ReuseComparison:
 
 
 def compare_reuse(
-    client: Client, task: str, workflow: Workflow | None, label: str
+    client: Client, task: str, workflow: Workflow | None, label: str, pin: Mapping[str, str] | None = None
 ) -> tuple[ReuseComparison, RunResult]:
-    """Run ``task`` with reuse on, then off; the comparison and the reuse-on run (its trace)."""
-    on = client.run(task, workflow)
-    off = client.run(task, workflow, reuse=False)
+    """Run ``task`` with reuse on, then off (both with ``pin``); the comparison and the reuse-on
+    run (its trace)."""
+    on = client.run(task, workflow, pin=pin)
+    off = client.run(task, workflow, reuse=False, pin=pin)
     return ReuseComparison.of(label, on, off), on
 
 
@@ -108,7 +111,11 @@ def run_e2e_check(client: Client, branches: int, context_repeats: int) -> tuple[
     problem, reuse on vs off; the result and the reuse-on run."""
     if branches < 1 or context_repeats < 1:
         raise ValueError(f"--branches and --context-repeats must be at least 1, got {branches} and {context_repeats}")
-    comparison, on = compare_reuse(client, E2E_TASK * context_repeats, fan_out_workflow(branches), "fan-out")
+    # NOTE: pinned, because the scheduler alone keeps short branches on the replica holding the
+    # context (their own prefills cost less than moving it): the check is of KV that moves
+    workflow, replicas = fan_out_workflow(branches), client.cluster.replicas
+    pin = {ROOT: replicas[0], **{n.id: replicas[i % len(replicas)] for i, n in enumerate(workflow.nodes[:branches])}}
+    comparison, on = compare_reuse(client, E2E_TASK * context_repeats, workflow, "fan-out", pin)
     transports = sorted({s.transport for s in client.status()})
     result = E2ECheckResult(
         comparison, ",".join(transports), len(client.cluster.replicas), branches, client.executor.links.slowest.gbps

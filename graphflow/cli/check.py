@@ -169,8 +169,9 @@ def check_e2e(
 ) -> None:
     """A workflow with parallel branches on replica actors, exact mode vs all reuse off.
 
-    The shared task context is long enough (~4K tokens on the byte-level test models) that
-    moving its KV beats recomputing it on the second replica, as measured at connect time."""
+    The branches are pinned to the replicas in turn, the task context to the first; the context
+    is long enough (~4K tokens on the byte-level test models) that moving its KV beats
+    recomputing it on the others, as measured at connect time."""
     from graphflow.checks.e2e import run_e2e_check
     from graphflow.client import connect
     from graphflow.models.registry import resolve

@@ -22,9 +22,12 @@ import json, sys
 from graphflow.workflow.shapes import fan_out_workflow
 from graphflow.client import connect
 client = connect(sys.argv[1])
+c = client.cluster
 task = "A warehouse ships 48 boxes a day and each box holds 12 items. " * 40
-on = client.run(task, workflow=fan_out_workflow(4))
-off = client.run(task, workflow=fan_out_workflow(4), reuse=False)
+# each branch pinned to a replica in turn (alone, the scheduler keeps short branches on the holder)
+pin = {"ROOT": c.replicas[0], **{f"b{i}": c.replicas[i % len(c.replicas)] for i in range(4)}}
+on = client.run(task, workflow=fan_out_workflow(4), pin=pin)
+off = client.run(task, workflow=fan_out_workflow(4), reuse=False, pin=pin)
 hosts = {s.replica: s.host for s in client.status()}
 print(json.dumps({"identical": on.outputs == off.outputs, "hosts": hosts,
                   "trace": [[t.node, t.replica, t.decision, t.source, t.bytes_moved] for t in on.nodes]}))

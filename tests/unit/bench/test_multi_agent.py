@@ -33,3 +33,18 @@ def test_the_better_prefix_caching_baseline_is_the_faster_of_the_two():
     got = MultiAgentReport(tuple(rows))
     assert got.prefix_caching_over_ours == {2: pytest.approx(2.0), 4: pytest.approx(6.0 / 4.0)}
     assert got.to_json()["prefix_caching_over_ours"] == got.prefix_caching_over_ours
+
+
+def test_memory_is_judged_against_dense_at_the_same_k_and_survives_a_json_round_trip():
+    import dataclasses
+    import json
+
+    def grown(row: MultiAgentRow, mib: int) -> MultiAgentRow:
+        return dataclasses.replace(row, peak_rss_growth_bytes=mib << 20)
+
+    rows = [grown(_row("ours", 4, 1.0, 3.0), 100), grown(_row("dense", 4, 0.0, 9.0), 400)]
+    rows += [grown(_row("holder", 4, 1.0, 3.0), 80), grown(_row("ours", 8, 1.0, 3.0), 150)]  # no dense at 8
+    got = MultiAgentReport(tuple(rows), threads=1, transport="ucx")
+    assert got.memory_over_dense == {"ours": {4: pytest.approx(0.25)}, "holder": {4: pytest.approx(0.2)}}
+    again = MultiAgentReport.from_json(json.loads(json.dumps(got.to_json())))
+    assert again == got and again.memory_over_dense == got.memory_over_dense

@@ -1,0 +1,46 @@
+"""Peak resident-memory growth of a deployment's replicas over a measured window.
+
+:meth:`ReplicaMemory.start` asks each replica to hand freed memory back to the OS and restart
+its peak (``VmHWM``), and records its resident bytes then; :meth:`ReplicaMemory.growth` is each
+replica's peak since, minus that start, summed. Every replica's KV pool is faulted in when it
+starts (``--prefault-mib``), so KV kept in the pool is not growth: growth is the memory a
+window needed beyond the pool (caches being built and batched, activations, states kept
+outside it). ``graphflow bench serve`` and ``bench multi-agent`` measure with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from graphflow.client import Client
+
+__all__ = ["ReplicaMemory"]
+
+
+class ReplicaMemory:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._start: dict[str, int] = {}
+
+    def start(self, replicas: Sequence[str] = ()) -> int:
+        """Restart the peak of ``replicas`` (default every replica); their resident bytes now."""
+        c = self.client.cluster
+        names = list(replicas or c.replicas)
+        got = [c.get(c.call(r, "memory", True)) for r in names]
+        self._start = {r: int(g[0]) for r, g in zip(names, got, strict=True)}
+        return sum(self._start.values())
+
+    def peak(self, replica: str) -> int:
+        """``replica``'s peak resident bytes since the last :meth:`start`."""
+        c = self.client.cluster
+        return int(c.get(c.call(replica, "memory"))[1])
+
+    def growth(self) -> int:
+        """Peak minus start, summed over the replicas :meth:`start` measured."""
+        if not self._start:
+            raise RuntimeError("ReplicaMemory.growth before start")
+        return sum(max(0, self.peak(r) - s) for r, s in self._start.items())
+
+    def kept_bytes(self) -> int:
+        """KV bytes the replicas' stores hold now (their pools' used bytes)."""
+        return sum(s.used_bytes for s in self.client.status())
