@@ -35,7 +35,7 @@ SYSTEM_LABELS = {
     "text": "text replay",
     "local": "local reuse (round robin)",
     "local_holder": "local reuse (all on holder)",
-    "ours": "ours",
+    "ours": "scripted transfer",  # the two-process microbenchmark, not the served system
 }
 _SUMMED = ("stored_bytes", "shared_bytes", "working_bytes", "rss_growth_bytes")
 

@@ -49,7 +49,7 @@ def table(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
     systems = [s for s in SYSTEM_LABELS if any(r["system"] == s for r in rows)]
     head = " | ".join(f"{SYSTEM_LABELS[s]} s" for s in systems)
     lines = [
-        f"| k | {head} | ideal s | efficiency (ideal ÷ ours) | best local ÷ ours | text ÷ ours | dense ÷ ours |",
+        f"| k | {head} | ideal s | ideal ÷ scripted | best local ÷ scripted | text ÷ scripted | dense ÷ scripted |",
         "|---" * (len(systems) + 6) + "|",
     ]
     for k, sys in sorted(by_system(rows, "agents").items()):

@@ -40,7 +40,7 @@ def table(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
     systems = [s for s in SYSTEM_LABELS if any(r["system"] == s for r in rows)]
     head = " | ".join(f"{SYSTEM_LABELS[s]} tok/s" for s in systems)
     lines = [
-        f"| workflows | agents | {head} | ours ÷ dense | ours ÷ text | ours ÷ best local |",
+        f"| workflows | agents | {head} | scripted ÷ dense | scripted ÷ text | scripted ÷ best local |",
         "|---" * (len(systems) + 5) + "|",
     ]
     for n, sys in sorted(by_system(rows, "roots").items()):

@@ -26,7 +26,8 @@ def plot(rows: list[dict[str, str]], png: Path) -> None:
         sel = [r for r in rows if r["model"] == m]
         xs = [int(r["context"]) for r in sel]
         for key, style in (("dense_s", "-o"), ("text_s", "--x"), ("local_s", "-s"), ("ours_s", "-^"), ("bound_s", ":")):
-            ax.plot(xs, [float(r[key]) for r in sel], style, label=key.removesuffix("_s"))
+            label = "scripted transfer" if key == "ours_s" else key.removesuffix("_s")
+            ax.plot(xs, [float(r[key]) for r in sel], style, label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(m)

@@ -102,8 +102,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(rows: list[dict[str, str]]) -> str:
     lines = [
-        "| model | context | dense s | text replay s | local reuse s | ours s | bound s | ours ÷ bound "
-        "| dense ÷ ours | Ω ms |",
+        "| model | context | dense s | text replay s | local reuse s | scripted transfer s | bound s "
+        "| scripted ÷ bound | dense ÷ scripted | Ω ms |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -237,7 +237,7 @@ def served_row(model: str, served: dict[str, Any], scripted: dict[str, Any]) -> 
 
 def served_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| model | context | decision | served s | replica-side s | decide ms | scripted ours s "
+        "| model | context | decision | served s | replica-side s | decide ms | scripted transfer s "
         "| served ÷ scripted | served dense s | served dense ÷ served |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
