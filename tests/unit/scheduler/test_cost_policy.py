@@ -15,6 +15,8 @@ from scheduler.policy import (
     decide,
     place,
     prediction_error,
+    prefill_work_s,
+    recompute,
     regret,
 )
 
@@ -117,6 +119,19 @@ def test_placement_weighs_locality_against_queue():
     there = _req(replica="r1")
     assert place([here, there], {}, pol).replica == "r0"
     assert place([here, there], {"r0": 5.0}, pol).replica == "r1"
+
+
+def test_prefill_work_is_the_suffix_each_option_prefills():
+    pol = Policy(PM)
+    reuse = decide(_req(replica="r0", total_tokens=5000, local_tokens=4096), pol)
+    assert reuse.option is Option.REUSE
+    assert prefill_work_s(reuse, pol) == pytest.approx(t_prefill_suffix(PM, 4096, 5000))
+    assert t_prefill_suffix(PM, 4096, 5000) < t_prefill(PM, 5000)
+    moved = decide(_req(total_tokens=5000, remote=(RemoteCopy("r1", 4096, FAST),)), pol)
+    assert moved.option is Option.TRANSFER  # the transfer itself is not the replica's compute
+    assert prefill_work_s(moved, pol) == pytest.approx(t_prefill_suffix(PM, 4096, 5000))
+    full = recompute("r0", 5000, 2, pol, "reuse off")
+    assert prefill_work_s(full, pol) == pytest.approx(t_prefill(PM, 5000))
 
 
 def test_regret_and_prediction_error():
