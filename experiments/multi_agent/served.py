@@ -46,9 +46,16 @@ def table(result: MultiAgentReport, settings: dict[str, Any]) -> str:
         result.dense_over_ours,
         result.prefix_caching_over_ours,
     )
-    for k, e in result.efficiency.items():
-        best = f"{caching[k]:.2f}" if k in caching else "—"
-        lines.append(f"| {k} | {e:.3f} | {agents_only[k]:.3f} | {dense_over[k]:.2f} | {best} |")
+    efficiency = result.efficiency
+
+    def cell(ratios: dict[int, float], k: int, digits: int) -> str:
+        return f"{ratios[k]:.{digits}f}" if k in ratios else "—"
+
+    for k in sorted({*efficiency, *dense_over, *caching}):
+        lines.append(
+            f"| {k} | {cell(efficiency, k, 3)} | {cell(agents_only, k, 3)} | {cell(dense_over, k, 2)} "
+            f"| {cell(caching, k, 2)} |"
+        )
     lines += [
         "",
         f"Model {settings['model']}, {settings['root_tokens']}-token root, {settings['decode']} tokens per "
