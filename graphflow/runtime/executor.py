@@ -243,7 +243,7 @@ class WorkflowExecutor:
         in_flight: dict[Any, tuple[str, Decision, list[Any], float, float]] = {}  # + decided at, decide s
         load = {r: 0 for r in c.replicas}  # this run's nodes in flight on each replica
         work = {r: 0.0 for r in c.replicas}  # ... and the prefill seconds they were decided to take
-        transferring: set[str] = set()  # replicas with a transfer in flight
+        transferring: dict[str, tuple[int, ...]] = {}  # replica → the prefix a transfer in flight brings it
         retry: dict[str, str] = {}  # node → why its last attempt failed (it is recomputed)
         attempts: dict[str, int] = {}
         turn = itertools.count()
@@ -262,6 +262,7 @@ class WorkflowExecutor:
                 pinned = pin.get(nid, "")
                 if pinned not in c.replicas:  # unpinned, or pinned to a replica since lost: no longer binds
                     pinned = ""
+                arriving = self._arriving(ctx, transferring) if reuse else {}
                 if nid in retry:
                     d = recompute(
                         pinned or min(c.replicas, key=lambda r: load[r]),
@@ -272,13 +273,14 @@ class WorkflowExecutor:
                         fallback=retry[nid],
                     )
                 elif reuse:
-                    d = self._decide(ctx, tmpl, load, work, pinned, force, transfers)
+                    d = self._decide(ctx, tmpl, load, work, pinned, force, transfers, arriving)
                 else:
                     d = recompute(
                         pinned or c.replicas[next(turn) % len(c.replicas)], len(ctx), self.bpt, self.policy, "reuse off"
                     )
                 if d.option is Option.TRANSFER and d.replica in transferring:
-                    continue  # NOTE: wait for the transfer in flight; the prefix will then be local
+                    continue  # NOTE: another prefix is moving there; once it has, this one is decided again
+                awaits = arriving.get(d.replica, 0) if d.option in (Option.REUSE, Option.RECONSTRUCT) else 0
                 attempts[nid] = attempts.get(nid, 0) + 1
                 kept = tuple(p for p in node.preds if results[p].admit is not None)  # lineage: states that exist
                 plan = self._plan(
@@ -290,6 +292,7 @@ class WorkflowExecutor:
                     kept,
                     tmpl,
                     next_use(gs, set(results), ready, run_id, level) if reuse else (),
+                    awaits,
                 )
                 try:
                     handles = self._launch(plan, d, ctx)
@@ -301,7 +304,7 @@ class WorkflowExecutor:
                             self._lose(r)
                     continue  # decided again on the replicas that are left
                 if d.option is Option.TRANSFER:
-                    transferring.add(d.replica)
+                    transferring[d.replica] = tuple(ctx[: d.source_tokens])
                 in_flight[handles[0]] = (nid, d, handles, t0, time.perf_counter() - t0)
                 load[d.replica] += 1
                 work[d.replica] += prefill_work_s(d, self.policy)
@@ -312,7 +315,7 @@ class WorkflowExecutor:
             load[d.replica] -= 1
             work[d.replica] = max(0.0, work[d.replica] - prefill_work_s(d, self.policy)) if load[d.replica] else 0.0
             if d.option is Option.TRANSFER:
-                transferring.discard(d.replica)
+                transferring.pop(d.replica, None)
             try:
                 res: NodeResult = c.get(done)
             except Exception as exc:
@@ -348,9 +351,12 @@ class WorkflowExecutor:
         pinned: str = "",
         force: Option | None = None,
         transfers: bool = True,
+        arriving: Mapping[str, int] | None = None,
     ) -> Decision:
         """One manager round trip, then the policy over every replica (only ``pinned``, if set;
-        without ``transfers``, other replicas' copies are not offered)."""
+        without ``transfers``, other replicas' copies are not offered). ``arriving``: leading
+        context tokens a transfer in flight is bringing to a replica, offered as local there (the
+        node waits for them to land: ``NodePlan.await_tokens``)."""
         version = base_version(self.model_key, ctx[len(ctx) - tmpl.tokens :]) if tmpl.tokens else ""
         look = self.cluster.manager(
             "begin_node", ctx, self.model_key, self.clock(), self.lease_s, None, (tmpl.op, tmpl.path, version)
@@ -358,6 +364,8 @@ class WorkflowExecutor:
         bt = self.block_tokens
         usable = (len(ctx) - 1) // bt * bt
         have = {m.replica: min(m.num_tokens, usable) // bt * bt for m in look.matches}
+        for r, n in (arriving or {}).items():
+            have[r] = max(have.get(r, 0), min(n, usable) // bt * bt)
         held: dict[str, TemplateHolding] = dict(look.templates)
         requests = []
         for r in [pinned] if pinned else self.cluster.replicas:
@@ -393,6 +401,11 @@ class WorkflowExecutor:
         return {r: work[r] + max(0, reported.get(r, 0) - n) * full for r, n in load.items()}
 
     @staticmethod
+    def _arriving(ctx: list[int], transferring: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+        """Per replica, the leading tokens of ``ctx`` that a transfer in flight is bringing it."""
+        return {r: len(p) for r, p in transferring.items() if 0 < len(p) < len(ctx) and tuple(ctx[: len(p)]) == p}
+
+    @staticmethod
     def _residual(h: TemplateHolding | None, total: int, tmpl: TemplateRef) -> ResidualCopy | None:
         """What ``h`` rebuilds of this context: the template but its last token (prefilled)."""
         if h is None or h.tokens != tmpl.tokens or tmpl.tokens < 2 or tmpl.tokens >= total:
@@ -410,6 +423,7 @@ class WorkflowExecutor:
         preds: tuple[str, ...],
         tmpl: TemplateRef,
         soon: tuple[tuple[str, int], ...],
+        awaits: int = 0,
     ) -> NodePlan:
         transfer = d.option is Option.TRANSFER
         return NodePlan(
@@ -425,6 +439,7 @@ class WorkflowExecutor:
             parents=tuple(f"{run_id}:{p}" for p in preds) if reuse else (),
             template=tmpl,
             next_use=soon,
+            await_tokens=awaits if d.local_tokens >= awaits else 0,
         )
 
     def _launch(self, plan: NodePlan, d: Decision, ctx: list[int]) -> list[Any]:

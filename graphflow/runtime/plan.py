@@ -46,7 +46,10 @@ class NodePlan:
     at ``source_address`` under ``transfer_id``; for RECONSTRUCT the template is rebuilt from
     the base (+ residual) the replica holds. ``keep`` stores the result for reuse (False when
     reuse is off). ``next_use`` gives, for states of the running workflow, the steps until a
-    node needs them (0: a node that is ready now), which eviction honours."""
+    node needs them (0: a node that is ready now), which eviction honours. ``await_tokens``:
+    the context's first ``await_tokens`` tokens are arriving at this replica in another node's
+    transfer; the node waits for them to land before it looks up its prefix
+    (:mod:`graphflow.runtime.arrivals`)."""
 
     state_id: str
     tokens: tuple[int, ...]
@@ -60,6 +63,7 @@ class NodePlan:
     parents: tuple[str, ...] = ()
     template: TemplateRef | None = None
     next_use: tuple[tuple[str, int], ...] = ()
+    await_tokens: int = 0
 
     def __post_init__(self) -> None:
         lo, hi = self.receive
@@ -69,6 +73,11 @@ class NodePlan:
             raise ValueError("a plan that receives blocks needs the source's transport address")
         if not 0 <= self.local_tokens <= len(self.tokens):
             raise ValueError(f"local_tokens {self.local_tokens} outside [0, {len(self.tokens)}]")
+        if not 0 <= self.await_tokens <= len(self.tokens) or (self.await_tokens and hi > lo):
+            raise ValueError(
+                f"await_tokens {self.await_tokens} must lie within the context, and a plan that receives "
+                "blocks itself cannot also wait for another node's"
+            )
 
     @property
     def run_id(self) -> str:

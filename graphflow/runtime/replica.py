@@ -41,6 +41,7 @@ from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
 from graphflow.models.ragged import unsupported
+from graphflow.runtime.arrivals import Arrivals
 from graphflow.runtime.batcher import Batcher
 from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates, check_policy
 from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
@@ -125,6 +126,7 @@ class ReplicaWorker:
         self.prefaulted_bytes, self.prefault_short = reserved.nbytes, reserved.why_not
         self.batcher, self.batching_off = self._engine_loop()
         self._prefixes = SharedPrefixes(self.engine)
+        self._arrivals = Arrivals()  # prefixes being received here, for nodes that wait for them
         self._active = 0  # node calls in this replica now (receiving, queued or running)
 
     def _engine_loop(self) -> tuple[Batcher | None, str]:
@@ -171,6 +173,9 @@ class ReplicaWorker:
         try:
             return self._run_node(plan, n_tmpl)
         finally:
+            lo, hi = plan.receive
+            if hi > lo:  # NOTE: also when it failed: nodes waiting for these blocks then prefill them
+                self._arrivals.landed(plan.tokens[:hi])
             with self._lock:
                 self._active -= 1
 
@@ -181,8 +186,11 @@ class ReplicaWorker:
             self._held.note_next_use(plan.run_id, plan.next_use)
         use_cache = plan.keep and plan.option is not Option.RECOMPUTE
         rebuild_at = len(ids) - n_tmpl if plan.option is Option.RECONSTRUCT else len(ids)
+        notes: list[str] = []
+        if plan.await_tokens and not self._arrivals.wait(ids[: plan.await_tokens], self.config.timeout_s):
+            notes.append(f"the prefix arriving here had not landed after {self.config.timeout_s:.0f} s; prefilled it")
         local, evicted = self.kept.local_prefix(ids, rebuild_at) if use_cache else ([], [])
-        moved, notes = 0, []
+        moved = 0
         received: list[KVBlock] = []
         lo, hi = plan.receive
         marks = [("lookup", time.perf_counter())]
@@ -193,6 +201,7 @@ class ReplicaWorker:
             if len(local) * self.config.block_tokens < lo:
                 notes.append(f"own prefix shrank to {len(local) * self.config.block_tokens} tokens; prefilled more")
                 received = []
+                self._arrivals.landed(ids[:hi])
         prefix = local + received
         cached = len(prefix) * self.config.block_tokens
         batched = self.batcher is not None and not self._templated(plan, ids, cached)
@@ -212,7 +221,10 @@ class ReplicaWorker:
             ttft = time.perf_counter() - start
             marks.append(("prefill", start + ttft))
             if received and len(local) * self.config.block_tokens == lo:  # after the first token: off its path
-                evicted += self._keep_received(plan, ids[:hi], local + received)
+                try:
+                    evicted += self._keep_received(plan, ids[:hi], local + received)
+                finally:
+                    self._arrivals.landed(ids[:hi])
                 marks.append(("keep_received", time.perf_counter()))
             if batched:
                 output, cache = req.result(), req.cache

@@ -183,3 +183,33 @@ def test_agents_over_one_context_stay_where_it_is_when_moving_it_costs_more_than
     branches = [t for t in got.nodes if t.node.startswith("b")]
     assert len(branches) == 4 and {(t.replica, t.decision) for t in branches} == {("replica-0", "reuse")}
     assert all(t.bytes_moved == 0 for t in got.trace)
+
+
+def test_branches_join_a_transfer_already_bringing_their_prefix_instead_of_waiting_for_it(cluster, monkeypatch):
+    """The first branch placed on replica-1 receives the context; the others placed there are
+    launched while it moves, wait for those blocks to land (``await_tokens``) and reuse them: the
+    context moves once."""
+    w0 = cluster.workers["replica-0"]
+    ids = w0.encode("(join) " + TASK * 2)
+    ex = _executor(cluster, link_bw=1e12, prefill_b=1e-2)  # prefill dear, link fast: spread the branches
+    fan = compile_workflow(fan_out_workflow(4))
+    plans: list[NodePlan] = []
+    call = cluster.call
+
+    def recording(replica, method, *args):
+        if method == "run_node":
+            plans.append(args[0])
+        return call(replica, method, *args)
+
+    monkeypatch.setattr(cluster, "call", recording)
+    got = ex.run(fan, ids, "t-join", pin={"ROOT": "replica-0"})
+    monkeypatch.setattr(cluster, "call", call)
+    joined = [p for p in plans if p.await_tokens]
+    assert joined and all(p.option is Option.REUSE and p.receive == (0, 0) for p in joined)
+    branches = [t for t in got.nodes if t.node.startswith("b")]
+    there = [t for t in branches if t.replica == "replica-1"]
+    assert [t.decision for t in there].count("transfer") == 1 and len(there) >= 2, branches
+    assert all(t.decision == "reuse" and t.prefill_tokens < len(ids) for t in there if t.decision != "transfer")
+    moved = sum(t.bytes_moved for t in got.trace)
+    assert moved == max(t.bytes_moved for t in got.trace) > 0  # one transfer's bytes, no second copy
+    assert got.outputs == ex.run(fan, ids, "t-join-off", reuse=False).outputs
