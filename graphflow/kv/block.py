@@ -22,7 +22,7 @@ the same in every process. Only the last block of a sequence may be partial (< T
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +33,7 @@ from graphflow.kv.errors import ChecksumMismatch
 from transport.memory import host_arena
 from transport.wire import checksum as tensor_checksum
 
-__all__ = ["ROOT_KEY", "KVBlock", "block_key", "chain_keys", "make_block", "make_blocks"]
+__all__ = ["ROOT_KEY", "KVBlock", "block_key", "chain_keys", "make_block", "make_blocks", "make_blocks_from_layers"]
 
 ROOT_KEY = 0
 _U64 = struct.Struct("<Q")
@@ -143,19 +143,70 @@ def make_blocks(
     (:data:`transport.layout.MESSAGE_BYTES`), so a transfer of them from the first block sends
     each span in place; a span's memory is freed once none of its blocks is referenced.
     """
+    _check_kv(kv, len(token_ids))
+    layers, _, heads, _, dim = kv.shape
+    return _cut(
+        parent_key,
+        token_ids,
+        position_offset,
+        (layers, heads, dim),
+        kv,
+        lambda part, lo, hi: part.copy_(kv[:, :, :, lo:hi]),
+        model_key,
+        block_tokens,
+    )
+
+
+def make_blocks_from_layers(
+    parent_key: int,
+    token_ids: Sequence[int],
+    position_offset: int,
+    layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    model_key: str,
+    block_tokens: int,
+) -> list[KVBlock]:
+    """:func:`make_blocks` from each layer's ``(keys, values)``, ``[kv_heads, len(token_ids),
+    head_dim]`` each (a cache's own tensors, or views of them), copied straight into the blocks:
+    the whole KV is never stacked into one tensor first, so cutting a cache costs the blocks'
+    memory and no transient copy of the same size."""
+    if not layers:
+        raise ValueError("no layers to cut into blocks")
+    k0 = layers[0][0]
+    if k0.dim() != 3 or k0.shape[1] != len(token_ids):
+        raise ValueError(f"layer keys must be [kv_heads, {len(token_ids)}, head_dim], got {tuple(k0.shape)}")
+
+    def fill(part: torch.Tensor, lo: int, hi: int) -> None:
+        for i, (k, v) in enumerate(layers):
+            part[i, 0].copy_(k[:, lo:hi])
+            part[i, 1].copy_(v[:, lo:hi])
+
+    shape = (len(layers), k0.shape[0], k0.shape[2])
+    return _cut(parent_key, token_ids, position_offset, shape, k0, fill, model_key, block_tokens)
+
+
+def _cut(
+    parent_key: int,
+    token_ids: Sequence[int],
+    position_offset: int,
+    shape: tuple[int, int, int],
+    like: torch.Tensor,
+    fill: Callable[[torch.Tensor, int, int], object],
+    model_key: str,
+    block_tokens: int,
+) -> list[KVBlock]:
+    """Blocks of ``block_tokens`` over ``token_ids``, each part ``[layers, 2, heads, n, dim]``
+    (``shape`` = layers, heads, dim; dtype and device of ``like``) filled by ``fill``."""
     if block_tokens <= 0:
         raise ValueError(f"block_tokens must be positive, got {block_tokens}")
-    _check_kv(kv, len(token_ids))
     cuts = [(lo, min(lo + block_tokens, len(token_ids))) for lo in range(0, len(token_ids), block_tokens)]
-    layers, _, heads, _, dim = kv.shape
-    if kv.device.type == "cpu":
-        parts = host_arena().empty_run([(layers, 2, heads, hi - lo, dim) for lo, hi in cuts], kv.dtype)
-        for part, (lo, hi) in zip(parts, cuts, strict=True):
-            part.copy_(kv[:, :, :, lo:hi])
+    layers, heads, dim = shape
+    if like.device.type == "cpu":
+        parts = host_arena().empty_run([(layers, 2, heads, hi - lo, dim) for lo, hi in cuts], like.dtype)
     else:
-        parts = [kv[:, :, :, lo:hi].clone(memory_format=torch.contiguous_format) for lo, hi in cuts]
+        parts = [torch.empty((layers, 2, heads, hi - lo, dim), dtype=like.dtype, device=like.device) for lo, hi in cuts]
     blocks: list[KVBlock] = []
     for part, (lo, hi) in zip(parts, cuts, strict=True):
+        fill(part, lo, hi)
         blocks.append(_block(parent_key, token_ids[lo:hi], position_offset + lo, part, model_key))
         parent_key = blocks[-1].key
     return blocks

@@ -1,9 +1,9 @@
 """Pack a transformers KV cache into blocks, and rebuild a cache from blocks.
 
 A transformers ``DynamicCache`` holds, per layer, ``keys``/``values`` of shape
-``[batch=1, kv_heads, seq, head_dim]``. Packing stacks them once to
-``[layers, 2, kv_heads, seq, head_dim]`` and cuts that along ``seq`` into blocks of
-``block_tokens`` tokens; unpacking concatenates blocks back along ``seq``. Both directions
+``[batch=1, kv_heads, seq, head_dim]``. Packing copies them along ``seq`` straight into blocks
+of ``block_tokens`` tokens, each ``[layers, 2, kv_heads, block_tokens, head_dim]``;
+unpacking concatenates blocks back along ``seq``. Both directions
 copy bytes exactly: a rebuilt cache is bit-identical to the packed one.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PretrainedConfig
 
-from graphflow.kv.block import ROOT_KEY, KVBlock, block_key, make_blocks
+from graphflow.kv.block import ROOT_KEY, KVBlock, block_key, make_blocks_from_layers
 from graphflow.kv.errors import IncompatibleState
 from graphflow.kv.state import ModelIdentity
 
@@ -26,6 +26,7 @@ __all__ = [
     "cache_nbytes",
     "cache_to_blocks",
     "layer_tensors",
+    "layer_views",
     "stack_cache",
     "validate_chain",
 ]
@@ -53,9 +54,12 @@ def layer_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]
     return pairs
 
 
-def stack_cache(cache: DynamicCache, start: int = 0, end: int | None = None, *, row: int | None = None) -> torch.Tensor:
-    """The cache's tokens ``[start, end)`` as one ``[layers, 2, kv_heads, tokens, head_dim]`` tensor
-    (of batch ``row`` when the cache holds several; batch-1 caches need no ``row``)."""
+def layer_views(
+    cache: DynamicCache, start: int = 0, end: int | None = None, *, row: int | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Views of each layer's keys and values over tokens ``[start, end)``, ``[kv_heads, tokens,
+    head_dim]`` each (of batch ``row`` when the cache holds several; batch-1 caches need no
+    ``row``). Nothing is copied."""
     pairs = layer_tensors(cache)
     batch = pairs[0][0].shape[0]
     if row is None and batch != 1:
@@ -63,7 +67,13 @@ def stack_cache(cache: DynamicCache, start: int = 0, end: int | None = None, *, 
     r = row or 0
     if not 0 <= r < batch:
         raise ValueError(f"row {r} is outside the cache's batch of {batch}")
-    return torch.stack([torch.stack((k[r, :, start:end], v[r, :, start:end])) for k, v in pairs])
+    return [(k[r, :, start:end], v[r, :, start:end]) for k, v in pairs]
+
+
+def stack_cache(cache: DynamicCache, start: int = 0, end: int | None = None, *, row: int | None = None) -> torch.Tensor:
+    """The cache's tokens ``[start, end)`` as one ``[layers, 2, kv_heads, tokens, head_dim]`` tensor
+    (a copy; see :func:`layer_views` for the row)."""
+    return torch.stack([torch.stack(kv) for kv in layer_views(cache, start, end, row=row)])
 
 
 def cache_to_blocks(
@@ -93,8 +103,10 @@ def cache_to_blocks(
         raise ValueError(f"cache holds {n} tokens but {len(token_ids)} token ids were given")
     if start % block_tokens:
         raise ValueError(f"start {start} is not a multiple of block_tokens {block_tokens}")
-    stacked = stack_cache(cache, start, row=row)
-    return make_blocks(parent_key, list(token_ids[start:n]), start, stacked, identity.model_key, block_tokens)
+    # NOTE: straight from the layers: stacking the cache first would hold a second copy of it
+    layers = layer_views(cache, start, row=row)
+    ids = list(token_ids[start:n])
+    return make_blocks_from_layers(parent_key, ids, start, layers, identity.model_key, block_tokens)
 
 
 def validate_chain(blocks: Sequence[KVBlock], identity: ModelIdentity, *, verify_bytes: bool = True) -> None:

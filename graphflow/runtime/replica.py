@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from graphflow.kv.block import KVBlock, chain_keys, make_blocks
+from graphflow.kv.block import KVBlock, chain_keys, make_blocks_from_layers
 from graphflow.kv.differential.codecs import ResidualCodec
 from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.differential.store import KVMode
@@ -36,7 +36,7 @@ from graphflow.kv.differential.template_kv import TemplateKV, TemplateStats, kv_
 from graphflow.kv.errors import MissingBlocks
 from graphflow.kv.exchange import receive_blocks, send_blocks, spec_for_prompt
 from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo
-from graphflow.kv.packing import blocks_to_cache, cache_to_blocks, stack_cache
+from graphflow.kv.packing import blocks_to_cache, cache_to_blocks, layer_views
 from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
@@ -392,7 +392,8 @@ class ReplicaWorker:
         if not prefix:
             return cache_to_blocks(cache, state_tokens, self.engine.identity, bt)
         at = len(prefix) * bt
-        return prefix + make_blocks(prefix[-1].key, state_tokens[at:], at, stack_cache(cache), model_key, bt)
+        tail = make_blocks_from_layers(prefix[-1].key, state_tokens[at:], at, layer_views(cache), model_key, bt)
+        return prefix + tail
 
     # ---- transfers -----------------------------------------------------------------------
     def _receive(self, plan: NodePlan, ids: list[int]) -> tuple[int, list[KVBlock]]:

@@ -85,3 +85,19 @@ def test_batch_cache_rows_pack_back_to_their_tensors(tiny_engine):
         stack_cache(cache, row=3)
     with pytest.raises(ValueError, match="one shape"):
         batch_cache([a, a[:, :, :, :10]], tiny_engine.config)
+
+
+def test_cutting_from_the_layers_equals_cutting_the_stacked_cache(tiny_engine, prefilled):
+    from graphflow.kv.block import make_blocks, make_blocks_from_layers
+    from graphflow.kv.packing import layer_views
+
+    ids, pre = prefilled
+    key = tiny_engine.identity.model_key
+    stacked = make_blocks(7, ids[32:], 32, stack_cache(pre.cache, 32), key, 16)
+    layered = make_blocks_from_layers(7, ids[32:], 32, layer_views(pre.cache, 32), key, 16)
+    assert [(b.key, b.checksum, b.position_offset) for b in layered] == [
+        (b.key, b.checksum, b.position_offset) for b in stacked
+    ]
+    assert all(torch.equal(a.tensor, b.tensor) for a, b in zip(layered, stacked, strict=True))
+    with pytest.raises(ValueError, match="layer keys must be"):
+        make_blocks_from_layers(7, ids[:5], 0, layer_views(pre.cache, 32), key, 16)
