@@ -35,9 +35,7 @@ def table(result: MultiAgentReport, settings: dict[str, Any], source: str) -> st
         "| agents | system | replicas' peak RSS growth MiB | ÷ dense | makespan s | bytes moved |",
         "|---|---|---|---|---|---|",
     ]
-    for r in sorted(result.rows, key=lambda r: (r.agents, SYSTEMS.index(r.system) if r.system in SYSTEMS else 99)):
-        if r.system not in SYSTEMS:
-            continue
+    for r in sorted((r for r in result.rows if r.system in SYSTEMS), key=lambda r: (r.agents, SYSTEMS.index(r.system))):
         ratio = over.get(r.system, {}).get(r.agents)
         lines.append(
             f"| {r.agents} | {r.system} | {r.peak_rss_growth_bytes / MIB:.0f} "

@@ -22,13 +22,12 @@ class ReplicaMemory:
         self.client = client
         self._start: dict[str, int] = {}
 
-    def start(self, replicas: Sequence[str] = ()) -> int:
-        """Restart the peak of ``replicas`` (default every replica); their resident bytes now."""
+    def start(self, replicas: Sequence[str] = ()) -> None:
+        """Restart the peak of ``replicas`` (default every replica) and record their resident bytes."""
         c = self.client.cluster
         names = list(replicas or c.replicas)
         got = [c.get(c.call(r, "memory", True)) for r in names]
         self._start = {r: int(g[0]) for r, g in zip(names, got, strict=True)}
-        return sum(self._start.values())
 
     def peak(self, replica: str) -> int:
         """``replica``'s peak resident bytes since the last :meth:`start`."""

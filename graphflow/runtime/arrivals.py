@@ -25,23 +25,19 @@ class Arrivals:
         self._lock = threading.Lock()
         self._entries: dict[tuple[int, ...], tuple[threading.Event, float]] = {}
 
-    def _event(self, tokens: Sequence[int]) -> threading.Event:
-        key = tuple(tokens)
+    def _event(self, tokens: Sequence[int], touch: bool = False) -> threading.Event:
+        """The entry of ``tokens``, created if missing (``touch``: its time restarted now)."""
+        key, now = tuple(tokens), self.clock()
         with self._lock:
-            now = self.clock()
-            stale = [k for k, (_, at) in self._entries.items() if now - at > self.keep_s]
-            for k in stale:
+            for k in [k for k, (_, at) in self._entries.items() if now - at > self.keep_s]:
                 del self._entries[k]
-            if key not in self._entries:
-                self._entries[key] = (threading.Event(), now)
-            return self._entries[key][0]
+            ev, at = self._entries.get(key, (threading.Event(), now))
+            self._entries[key] = (ev, now if touch else at)
+            return ev
 
     def landed(self, tokens: Sequence[int]) -> None:
         """The receive of the prefix ``tokens`` is over (kept, or given up): wake its waiters."""
-        ev = self._event(tokens)
-        with self._lock:
-            self._entries[tuple(tokens)] = (ev, self.clock())
-        ev.set()
+        self._event(tokens, touch=True).set()
 
     def wait(self, tokens: Sequence[int], timeout_s: float) -> bool:
         """Block until the prefix ``tokens`` has landed; False when ``timeout_s`` ran out first."""

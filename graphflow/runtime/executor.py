@@ -242,7 +242,6 @@ class WorkflowExecutor:
         decisions: list[Decision] = []
         in_flight: dict[Any, tuple[str, Decision, list[Any], float, float]] = {}  # + decided at, decide s
         load = {r: 0 for r in c.replicas}  # this run's nodes in flight on each replica
-        work = {r: 0.0 for r in c.replicas}  # ... and the prefill seconds they were decided to take
         transferring: dict[str, tuple[int, ...]] = {}  # replica → the prefix a transfer in flight brings it
         retry: dict[str, str] = {}  # node → why its last attempt failed (it is recomputed)
         attempts: dict[str, int] = {}
@@ -273,6 +272,9 @@ class WorkflowExecutor:
                         fallback=retry[nid],
                     )
                 elif reuse:
+                    work = dict.fromkeys(load, 0.0)  # the prefill seconds this run's nodes in flight take
+                    for _, flying, *_ in in_flight.values():
+                        work[flying.replica] += prefill_work_s(flying, self.policy)
                     d = self._decide(ctx, tmpl, load, work, pinned, force, transfers, arriving)
                 else:
                     d = recompute(
@@ -281,6 +283,7 @@ class WorkflowExecutor:
                 if d.option is Option.TRANSFER and d.replica in transferring:
                     continue  # NOTE: another prefix is moving there; once it has, this one is decided again
                 awaits = arriving.get(d.replica, 0) if d.option in (Option.REUSE, Option.RECONSTRUCT) else 0
+                awaits = awaits if d.local_tokens >= awaits else 0
                 attempts[nid] = attempts.get(nid, 0) + 1
                 kept = tuple(p for p in node.preds if results[p].admit is not None)  # lineage: states that exist
                 plan = self._plan(
@@ -307,13 +310,11 @@ class WorkflowExecutor:
                     transferring[d.replica] = tuple(ctx[: d.source_tokens])
                 in_flight[handles[0]] = (nid, d, handles, t0, time.perf_counter() - t0)
                 load[d.replica] += 1
-                work[d.replica] += prefill_work_s(d, self.policy)
             if not in_flight:
                 continue
             done = c.wait_one(list(in_flight))
             nid, d, handles, t0, decide_s = in_flight.pop(done)
             load[d.replica] -= 1
-            work[d.replica] = max(0.0, work[d.replica] - prefill_work_s(d, self.policy)) if load[d.replica] else 0.0
             if d.option is Option.TRANSFER:
                 transferring.pop(d.replica, None)
             try:
@@ -439,7 +440,7 @@ class WorkflowExecutor:
             parents=tuple(f"{run_id}:{p}" for p in preds) if reuse else (),
             template=tmpl,
             next_use=soon,
-            await_tokens=awaits if d.local_tokens >= awaits else 0,
+            await_tokens=awaits,
         )
 
     def _launch(self, plan: NodePlan, d: Decision, ctx: list[int]) -> list[Any]:
