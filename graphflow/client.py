@@ -117,6 +117,7 @@ def measure_pair(cluster: Any, src: str, dst: str) -> LinkSpec:
 class Client:
     cluster: Any
     executor: WorkflowExecutor
+    templates: str = "short"  # the deployment's operation templates (short | detailed)
 
     def run(
         self,
@@ -137,9 +138,8 @@ class Client:
 
             workflow = Planner.load().generate(task)
         task_ids = self.cluster.get(self.cluster.call(self.cluster.replicas[0], "encode", task))
-        return self.executor.run(
-            compile_workflow(workflow), task_ids, new_run_id(), reuse=reuse, pin=pin, transfers=transfers
-        )
+        graph = compile_workflow(workflow, self.templates)
+        return self.executor.run(graph, task_ids, new_run_id(), reuse=reuse, pin=pin, transfers=transfers)
 
     def status(self) -> list[ReplicaStats]:
         return self.cluster.stats()
@@ -175,6 +175,7 @@ def connect(
     prefault_mib: int = 0,
     batching: bool = True,
     max_batch_tokens: int = MAX_BATCH_TOKENS,
+    templates: str = "short",
 ) -> Client:
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
@@ -183,7 +184,7 @@ def connect(
     demand; ``graphflow serve`` faults in the whole capacity by default), with ``batching`` (each
     replica's nodes share forward passes of ``max_batch_tokens``) or not; an attached deployment
     keeps what it was served with, and an embedded one of other settings in this process is
-    replaced).
+    replaced). Workflows are compiled with the deployment's ``templates`` (short or detailed).
 
     An attached client uses the calibration ``graphflow serve`` measured and shared, unless
     there is none, it was measured for another model, or ``recalibrate`` asks for a new one.
@@ -208,6 +209,7 @@ def connect(
             prefault_bytes=prefault_mib << 20,
             batching=batching,
             max_batch_tokens=max_batch_tokens,
+            templates=templates,
         )
         calibration = calibrate_cluster(cluster)
     else:
@@ -221,4 +223,6 @@ def connect(
             calibration = calibrate_cluster(cluster)
             cluster.share(CALIBRATION_KEY, calibration)
     policy, links, bpt, model_key = calibration
-    return Client(cluster, WorkflowExecutor(cluster, policy, links, bpt, model_key, decode_steps))
+    served = cluster.deployment()
+    executor = WorkflowExecutor(cluster, policy, links, bpt, model_key, decode_steps)
+    return Client(cluster, executor, served.templates if served is not None else templates)

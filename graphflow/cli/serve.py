@@ -64,6 +64,9 @@ def serve(
     recompute_head: int = typer.Option(
         12, help="Differential mode: template tokens recomputed after the prefix instead of rebuilt."
     ),
+    templates: str = typer.Option(
+        "short", help="Operation templates clients compile workflows with: short or detailed (250-800 tokens)."
+    ),
     gpus_per_replica: float = typer.Option(0.0, help="GPUs Ray reserves for each replica (cuda needs > 0)."),
     threads: int = typer.Option(0, help="Torch threads per replica (0 = every core of its host)."),
     prefault_mib: int = typer.Option(
@@ -110,6 +113,7 @@ def serve(
         spread,
         not no_batching,
         max_batch_tokens,
+        templates,
     )  # checks input, one sentence per mistake
     if address:
         ray = connect(address)
@@ -137,6 +141,7 @@ def serve(
         spread=spread,
         batching=not no_batching,
         max_batch_tokens=max_batch_tokens,
+        templates=templates,
     )
     say("measuring prefill and replica-to-replica transfer costs for the scheduler")
     calibration = calibrate_cluster(cluster)
@@ -148,6 +153,7 @@ def serve(
         "placement": [{"replica": s.replica, "node": s.node, "host": s.host} for s in cluster.stats()],
         "model": model,
         "kv_mode": kv_mode,
+        "templates": templates,
         "snapshot_dir": snapshots,
         "transport": transport,
         "device": device,

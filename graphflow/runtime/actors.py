@@ -26,6 +26,7 @@ from graphflow.runtime.errors import Unavailable, load_or_why
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 from graphflow.runtime.stats import NodeInfo, ReplicaStats
+from graphflow.workflow.templates import template_set
 
 __all__ = [
     "BOARD_NAME",
@@ -78,6 +79,7 @@ class Deployment:
     spread: bool = False  # replicas round-robin over the cluster's nodes, the manager on the head
     batching: bool = True  # each replica's nodes share forward passes (runtime.batcher); off: one at a time
     max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens per engine step (decodes + prefill chunks)
+    templates: str = "short"  # the operation templates clients compile workflows with (short | detailed)
 
     def __post_init__(self) -> None:
         if self.recompute_head < 0:
@@ -100,6 +102,7 @@ class Deployment:
                 f"got {self.max_batch_tokens}"
             )
         kv_mode_of(self.kv_mode)  # a clear error here rather than from inside every actor
+        template_set(self.templates)
 
     def describe(self) -> str:
         threads = f"{self.threads} threads" if self.threads else "all cores"
@@ -108,7 +111,7 @@ class Deployment:
         return (
             f"{self.replicas} × {self.model} ({self.kv_mode} KV, {self.capacity_bytes >> 20} MiB each, "
             f"{self.prefault_bytes >> 20} MiB prefaulted, {self.transport}, {self.device}, {threads}, "
-            f"{batching}{spread})"
+            f"{batching}{spread}, {self.templates} templates)"
         )
 
 
@@ -233,6 +236,7 @@ class RayCluster:
         spread: bool = False,
         batching: bool = True,
         max_batch_tokens: int = MAX_BATCH_TOKENS,
+        templates: str = "short",
     ) -> RayCluster:
         """Create the manager and ``n`` replica actors, unless this deployment already runs.
 
@@ -247,7 +251,8 @@ class RayCluster:
         ``spread``: replica ``i`` on the ``i mod N``-th alive node (the head first, then by
         address), the manager and board on the head; otherwise Ray places them. ``batching``: each
         replica's nodes share forward passes of ``max_batch_tokens`` tokens (else one at a time,
-        four at once)."""
+        four at once). ``templates``: the operation templates clients of this deployment compile
+        workflows with (short or detailed)."""
         want = Deployment(
             model,
             n,
@@ -262,6 +267,7 @@ class RayCluster:
             spread,
             batching,
             max_batch_tokens,
+            templates,
         )
         running = cls._running(ray)
         if running is not None and running != want:

@@ -57,14 +57,16 @@ class ExecGraph:
         return [n.id for n in self.nodes if n.id not in done and all(p in done for p in n.preds)]
 
 
-def compile_workflow(w: Workflow) -> ExecGraph:
+def compile_workflow(w: Workflow, templates: str = "short") -> ExecGraph:
+    """G_s of ``w`` with each operation's template from the set ``templates`` (short or detailed)."""
     order = topo_order([n.id for n in w.nodes], w.edges)
     preds = {nid: tuple(s for s, d in w.edges if d == nid) for nid in order}
     nodes = []
     for nid in order:
         n = w.node(nid)
         parent = preds[nid][0] if len(preds[nid]) == 1 else ROOT
-        nodes.append(ExecNode(nid, n.operator, n.role, template_for(n.role), preds[nid], parent, n.loop_iters))
+        template = template_for(n.role, templates)
+        nodes.append(ExecNode(nid, n.operator, n.role, template, preds[nid], parent, n.loop_iters))
     return ExecGraph(
         nodes=tuple(nodes),
         data_edges=tuple(w.edges),

@@ -7,13 +7,18 @@ A node's prompt is laid out so KV can be shared (see ``compile.py``):
 ```
 
 ``{task}`` is never inside a template: the task context is the shared root every node forks.
+
+Two sets: ``short`` (one instruction per operation; fast tests) and ``detailed``
+(``templates_detailed``: instructions, output format and two worked examples, 250–800 tokens).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CONTRACTS", "TEMPLATES", "Contract", "template_for"]
+from graphflow.workflow.templates_detailed import DETAILED_TEMPLATES
+
+__all__ = ["CONTRACTS", "TEMPLATES", "TEMPLATE_SETS", "Contract", "template_for", "template_set"]
 
 
 def _step(title: str, instruction: str) -> str:
@@ -97,8 +102,20 @@ CONTRACTS: dict[str, Contract] = {
 }
 
 
-def template_for(role: str) -> str:
+TEMPLATE_SETS: dict[str, dict[str, str]] = {"short": TEMPLATES, "detailed": DETAILED_TEMPLATES}
+
+
+def template_set(name: str) -> dict[str, str]:
+    """The templates called ``name`` (short or detailed), or a ``ValueError`` naming the sets."""
     try:
-        return TEMPLATES[role]
+        return TEMPLATE_SETS[name]
     except KeyError:
-        raise ValueError(f"no template for operation role {role!r}; known: {sorted(TEMPLATES)}") from None
+        raise ValueError(f"unknown template set {name!r}; use one of {', '.join(TEMPLATE_SETS)}") from None
+
+
+def template_for(role: str, templates: str = "short") -> str:
+    chosen = template_set(templates)
+    try:
+        return chosen[role]
+    except KeyError:
+        raise ValueError(f"no template for operation role {role!r}; known: {sorted(chosen)}") from None

@@ -15,6 +15,7 @@ sink and carry most of the residual.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -125,11 +126,13 @@ class ResidualCodec:
     """How a residual is stored: ``keep_per_row=None`` keeps it dense (float16);
     ``sink_tokens`` first tokens stay dense when the rest is sparse; ``recompute_head`` first
     tokens are not stored at all — whoever rebuilds the template recomputes them after the
-    prefix (:func:`graphflow.kv.differential.recompute.recompute_tokens`)."""
+    prefix (:func:`graphflow.kv.differential.recompute.recompute_tokens`); ``recompute_fraction``
+    raises that head to a fraction of each template's tokens (rounded up) where it is larger."""
 
     keep_per_row: int | None = None
     sink_tokens: int = 0
     recompute_head: int = 0
+    recompute_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if self.keep_per_row is not None and self.keep_per_row < 1:
@@ -138,17 +141,25 @@ class ResidualCodec:
             raise ValueError(f"sink_tokens must be non-negative, got {self.sink_tokens}")
         if self.recompute_head < 0:
             raise ValueError(f"recompute_head must be non-negative, got {self.recompute_head}")
+        if not 0 <= self.recompute_fraction <= 1:
+            raise ValueError(f"recompute_fraction must lie in [0, 1], got {self.recompute_fraction}")
+
+    def head_tokens(self, n: int) -> int:
+        """How many of an ``n``-token template's first tokens are recomputed, not rebuilt."""
+        return min(n, max(self.recompute_head, math.ceil(self.recompute_fraction * n - 1e-9)))
 
     @property
     def label(self) -> str:
         rows = "dense" if self.keep_per_row is None else f"top{self.keep_per_row}/row"
         rows = f"{rows}+sink{self.sink_tokens}" if self.sink_tokens else rows
+        if self.recompute_fraction:
+            return f"{rows}, first {self.recompute_fraction:.0%} recomputed"
         return f"{rows}, first {self.recompute_head} recomputed" if self.recompute_head else rows
 
     def encode(self, delta: torch.Tensor) -> EncodedResidual:
         if delta.dim() != 5:
             raise ValueError(f"a residual is [layers, 2, heads, tokens, head_dim], got shape {tuple(delta.shape)}")
-        h = min(self.recompute_head, delta.shape[3])
+        h = self.head_tokens(delta.shape[3])
         s = min(self.sink_tokens, delta.shape[3] - h)
         sink, rest = delta[:, :, :, h : h + s].half(), delta[:, :, :, h + s :]
         head_dim = delta.shape[-1]

@@ -88,5 +88,5 @@ def rebuild_template(
     kv = store.template_kv(key, prefix_kv.shape[3], mode)
     if kv is None:
         return None
-    head = store.codec.recompute_head if mode is KVMode.DIFFERENTIAL else 0
-    return recompute_tokens(engine, prefix_kv, kv, template, range(min(head, len(template))))
+    head = store.codec.head_tokens(len(template)) if mode is KVMode.DIFFERENTIAL else 0
+    return recompute_tokens(engine, prefix_kv, kv, template, range(head))

@@ -114,10 +114,10 @@ class TemplateKV:
             out = [
                 TemplateHolding(op, None, b.version, int(b.kv.shape[3]), b.nbytes) for op, b in self.store.bases.items()
             ]
-        head = self.store.codec.recompute_head if self.mode is KVMode.DIFFERENTIAL else 0
         for key, res in self.store.residuals.items():
             n = int(self.store.bases[key.op].kv.shape[3])
-            out.append(TemplateHolding(key.op, key.path, res.base_version, n, res.encoded.nbytes, min(head, n)))
+            head = self.store.codec.head_tokens(n) if self.mode is KVMode.DIFFERENTIAL else 0
+            out.append(TemplateHolding(key.op, key.path, res.base_version, n, res.encoded.nbytes, head))
         return tuple(out)
 
     def summary(self) -> TemplateStats:

@@ -38,3 +38,9 @@ def test_bad_token_list():
     result = runner.invoke(app, ["bench", "prefill", "--tokens", "1k", "--json"])
     assert result.exit_code == 2
     assert "comma-separated integers" in result.output
+
+
+def test_serve_refuses_an_unknown_template_set_before_starting_anything():
+    result = runner.invoke(app, ["serve", "--templates", "long", "--json"])
+    assert result.exit_code != 0
+    assert "unknown template set 'long'; use one of short, detailed" in result.output
