@@ -176,6 +176,7 @@ def connect(
     batching: bool = True,
     max_batch_tokens: int = MAX_BATCH_TOKENS,
     templates: str = "short",
+    recompute_fraction: float = 0.0,
 ) -> Client:
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
@@ -210,6 +211,7 @@ def connect(
             batching=batching,
             max_batch_tokens=max_batch_tokens,
             templates=templates,
+            recompute_fraction=recompute_fraction,
         )
         calibration = calibrate_cluster(cluster)
     else:

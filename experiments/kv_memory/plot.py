@@ -1,31 +1,33 @@
 """The KV-memory study's figure, from its CSV only: ``python -m experiments.kv_memory.plot
 [--results DIR]`` reads ``DIR/executions.csv`` (default: this study's ``results/``) and writes
-``DIR/memory.png``: per codec, over hot-path executions, the median residual ÷ dense template
-bytes against the mean teacher-forced agreement; the stateless line is base-only agreement.
+``DIR/fidelity.png``: over the test executions, each method's mean teacher-forced agreement
+against the fraction of template tokens it recomputed, one curve per method family.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from pathlib import Path
 
 from experiments.common import plot_main, save_figure
 
-__all__ = ["codec_points", "plot"]
+__all__ = ["family_curves", "plot"]
 
 HERE = Path(__file__).parent
-_NOT_CODECS = ("exact (stateful)", "stateless")
 
 
-def codec_points(rows: list[dict[str, str]]) -> list[tuple[str, float, float]]:
-    """``(codec, residual ÷ dense bytes, agreement)`` per codec, over the hot executions."""
-    out = []
-    for codec in sorted({r["codec"] for r in rows} - set(_NOT_CODECS)):
-        sel = [r for r in rows if r["codec"] == codec and r["hot"] == "True"]
-        if sel:
-            sd = statistics.median(float(r["residual_bytes"]) / float(r["dense_template_bytes"]) for r in sel)
-            out.append((codec, sd, statistics.fmean(float(r["agreement"]) for r in sel)))
-    return out
+def family_curves(rows: list[dict[str, str]]) -> dict[str, list[tuple[float, float, str]]]:
+    """Per family, ``(mean recompute fraction, mean agreement, method)`` per method, by fraction."""
+    by: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
+    for r in rows:
+        if r["set"] == "test":
+            by[(r["family"], r["method"])].append(r)
+    curves: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for (fam, method), sel in by.items():
+        frac = statistics.fmean(float(r["recompute_fraction"]) for r in sel)
+        curves[fam].append((frac, statistics.fmean(float(r["agreement"]) for r in sel), method))
+    return {fam: sorted(points) for fam, points in sorted(curves.items())}
 
 
 def plot(rows: list[dict[str, str]], png: Path) -> None:
@@ -34,21 +36,16 @@ def plot(rows: list[dict[str, str]], png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    points = codec_points(rows)
-    ax.plot([sd for _, sd, _ in points], [a for _, _, a in points], "o")
-    for codec, sd, agreement in points:
-        ax.annotate(codec, (sd, agreement), fontsize=7)
-    stateless = [float(r["agreement"]) for r in rows if r["codec"] == "stateless" and r["hot"] == "True"]
-    if stateless:
-        ax.axhline(statistics.fmean(stateless), color="grey", ls="--", lw=0.8, label="stateless (base only)")
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for fam, points in family_curves(rows).items():
+        ax.plot([f for f, _, _ in points], [a for _, a, _ in points], "o-" if len(points) > 1 else "s", label=fam)
     ax.axhline(0.98, color="red", lw=0.5, label="target 0.98")
-    ax.axvline(0.2, color="red", lw=0.5)
-    ax.set_xlabel("residual bytes ÷ dense template KV bytes (S/D)")
-    ax.set_ylabel("teacher-forced next-token agreement")
+    ax.axvline(0.15, color="red", lw=0.5, ls=":")
+    ax.set_xlabel("fraction of template tokens recomputed")
+    ax.set_ylabel("teacher-forced next-token agreement (test set)")
     ax.legend(fontsize=7)
     save_figure(fig, png)
 
 
 if __name__ == "__main__":
-    plot_main(__doc__, HERE / "results", "executions.csv", "memory.png", plot)
+    plot_main(__doc__, HERE / "results", "executions.csv", "fidelity.png", plot)

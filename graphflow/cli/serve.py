@@ -64,6 +64,9 @@ def serve(
     recompute_head: int = typer.Option(
         12, help="Differential mode: template tokens recomputed after the prefix instead of rebuilt."
     ),
+    recompute_fraction: float = typer.Option(
+        0.0, help="Differential mode: recompute at least this fraction of each template (e.g. 0.15)."
+    ),
     templates: str = typer.Option(
         "short", help="Operation templates clients compile workflows with: short or detailed (250-800 tokens)."
     ),
@@ -114,6 +117,7 @@ def serve(
         not no_batching,
         max_batch_tokens,
         templates,
+        recompute_fraction,
     )  # checks input, one sentence per mistake
     if address:
         ray = connect(address)
@@ -142,6 +146,7 @@ def serve(
         batching=not no_batching,
         max_batch_tokens=max_batch_tokens,
         templates=templates,
+        recompute_fraction=recompute_fraction,
     )
     say("measuring prefill and replica-to-replica transfer costs for the scheduler")
     calibration = calibrate_cluster(cluster)

@@ -80,10 +80,13 @@ class Deployment:
     batching: bool = True  # each replica's nodes share forward passes (runtime.batcher); off: one at a time
     max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens per engine step (decodes + prefill chunks)
     templates: str = "short"  # the operation templates clients compile workflows with (short | detailed)
+    recompute_fraction: float = 0.0  # differential: at least this fraction of each template recomputed
 
     def __post_init__(self) -> None:
         if self.recompute_head < 0:
             raise ValueError(f"recompute_head must be non-negative, got {self.recompute_head}")
+        if not 0 <= self.recompute_fraction <= 1:
+            raise ValueError(f"--recompute-fraction must lie in [0, 1], got {self.recompute_fraction}")
         if self.replicas <= 0:
             raise ValueError(f"need at least one replica, got {self.replicas}")
         if self.transport not in TRANSPORTS:
@@ -237,6 +240,7 @@ class RayCluster:
         batching: bool = True,
         max_batch_tokens: int = MAX_BATCH_TOKENS,
         templates: str = "short",
+        recompute_fraction: float = 0.0,
     ) -> RayCluster:
         """Create the manager and ``n`` replica actors, unless this deployment already runs.
 
@@ -252,7 +256,8 @@ class RayCluster:
         address), the manager and board on the head; otherwise Ray places them. ``batching``: each
         replica's nodes share forward passes of ``max_batch_tokens`` tokens (else one at a time,
         four at once). ``templates``: the operation templates clients of this deployment compile
-        workflows with (short or detailed)."""
+        workflows with (short or detailed). Differential replicas recompute each template's first
+        ``recompute_head`` tokens, or ``recompute_fraction`` of them where that is more."""
         want = Deployment(
             model,
             n,
@@ -268,6 +273,7 @@ class RayCluster:
             batching,
             max_batch_tokens,
             templates,
+            recompute_fraction,
         )
         running = cls._running(ray)
         if running is not None and running != want:
@@ -306,6 +312,7 @@ class RayCluster:
                 device=device,
                 eviction=eviction,
                 recompute_head=recompute_head,
+                recompute_fraction=recompute_fraction,
                 threads=threads,
                 prefault_bytes=prefault_bytes,
                 batching=batching,

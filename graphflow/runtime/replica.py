@@ -60,7 +60,7 @@ def _templates(engine: Engine, config: ReplicaConfig) -> TemplateKV | None:
     mode = kv_mode(config.kv_mode)
     if mode is KVMode.EXACT:
         return None
-    codec = ResidualCodec(recompute_head=config.recompute_head)
+    codec = ResidualCodec(recompute_head=config.recompute_head, recompute_fraction=config.recompute_fraction)
     return TemplateKV(engine, mode, codec, config.residual_refs, config.hot_min_count)
 
 
@@ -75,6 +75,7 @@ class ReplicaConfig:
     timeout_s: float = 120.0
     kv_mode: str = "exact"  # exact | differential | stateless (kv.differential.template_kv)
     recompute_head: int = 12  # differential: template tokens recomputed, not rebuilt
+    recompute_fraction: float = 0.0  # … or this fraction of each template's tokens, where more
     residual_refs: int = 4  # differential: exact executions averaged into a path's residual
     hot_min_count: int = 2  # differential: executions that make a path hot (others are pruned)
     eviction: str = "score"  # score | oldest

@@ -127,7 +127,7 @@ class ResidualCodec:
     ``sink_tokens`` first tokens stay dense when the rest is sparse; ``recompute_head`` first
     tokens are not stored at all — whoever rebuilds the template recomputes them after the
     prefix (:func:`graphflow.kv.differential.recompute.recompute_tokens`); ``recompute_fraction``
-    raises that head to a fraction of each template's tokens (rounded up) where it is larger."""
+    raises that head to a fraction of each template's tokens (rounded down) where it is larger."""
 
     keep_per_row: int | None = None
     sink_tokens: int = 0
@@ -146,7 +146,7 @@ class ResidualCodec:
 
     def head_tokens(self, n: int) -> int:
         """How many of an ``n``-token template's first tokens are recomputed, not rebuilt."""
-        return min(n, max(self.recompute_head, math.ceil(self.recompute_fraction * n - 1e-9)))
+        return min(n, max(self.recompute_head, math.floor(self.recompute_fraction * n + 1e-9)))
 
     @property
     def label(self) -> str:

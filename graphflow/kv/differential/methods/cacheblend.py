@@ -6,7 +6,7 @@ shows at layer 1 (``check_layer``): every template token is run through layers
 ``0..check_layer`` after the exact prefix (a partial prefill, a fraction
 ``(check_layer + 1) / layers`` of the full one), the per-token squared deviation of that layer's
 K and V from the re-rotated base is ranked, and the top ``ratio`` of the template's tokens
-(rounded up; ties to the earlier token) are recomputed with
+(rounded down; ties to the earlier token) are recomputed with
 :func:`graphflow.kv.differential.recompute.recompute_tokens`. CacheBlend itself narrows the
 selection gradually over the first layers; one check layer is the simplest form of it.
 """
@@ -86,7 +86,7 @@ class CacheBlend:
         kv = moved_base(self.store, key, prefix_kv.shape[3])
         if kv is None:
             return None
-        count = min(len(template), math.ceil(self.ratio * len(template) - 1e-9))
+        count = min(len(template), math.floor(self.ratio * len(template) + 1e-9))
         if count == 0:
             return Rebuilt(kv, 0)
         layer = min(self.check_layer, kv.shape[0] - 1)

@@ -1,7 +1,7 @@
 """EPIC-style template KV: the re-rotated base with the template's first k tokens recomputed
 after the prefix (EPIC recomputes the first tokens of each reused chunk, which attend to the
 new prefix and repair the attention sink the base was computed with). ``k`` is a token count
-(``tokens``) or a fraction of each template's tokens, rounded up (``fraction``)."""
+(``tokens``) or a fraction of each template's tokens, rounded down (``fraction``)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class Epic:
         if self.tokens is not None:
             return min(n, self.tokens)
         assert self.fraction is not None
-        return min(n, math.ceil(self.fraction * n - 1e-9))
+        return min(n, math.floor(self.fraction * n + 1e-9))
 
     def rebuild(
         self, engine: Prefiller, key: PathKey, prefix_kv: torch.Tensor, template: Sequence[int]

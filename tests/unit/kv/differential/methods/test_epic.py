@@ -30,10 +30,10 @@ def test_epic_recomputes_exactly_the_first_k_tokens(case):
     assert torch.allclose(got.kv[:, :, :, :3], case.exact[:, :, :, :3], atol=1e-4)
 
 
-def test_a_fraction_rounds_up_and_labels_say_which(case):
+def test_a_fraction_rounds_down_and_labels_say_which(case):
     n = len(case.template)
     epic = Epic(case.store, fraction=0.15)
-    assert epic.head(n) == -(-15 * n // 100) and epic.head(20) == 3
+    assert epic.head(n) == 15 * n // 100 and epic.head(20) == 3 and epic.head(19) == 2
     assert epic.label == "epic-15%" and Epic(case.store, tokens=32).label == "epic-32"
 
 

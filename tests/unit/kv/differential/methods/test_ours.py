@@ -26,7 +26,7 @@ def test_a_recomputed_head_is_counted_and_exact(tiny_qwen_engine):
     c = make_case(tiny_qwen_engine, ResidualCodec(recompute_fraction=0.15))
     c.store.observe(KEY, c.exact, len(c.prefix))
     got = Ours(c.store).rebuild(c.engine, KEY, c.prefix_kv, c.template)
-    head = math.ceil(0.15 * len(c.template))
+    head = math.floor(0.15 * len(c.template))
     assert got is not None and got.recomputed == head
     assert torch.allclose(got.kv[:, :, :, :head], c.exact[:, :, :, :head], atol=1e-4)
     assert Ours(c.store).label == "ours (dense, first 15% recomputed)"
