@@ -74,6 +74,7 @@ OURS_CODECS = (
 )
 QUICK_OURS_CODECS = (ResidualCodec(), ResidualCodec(recompute_fraction=0.15))
 CONCURRENCY = (10, 20, 50)
+TRAIN_TASKS = 36  # the default split: the first 36 GSM8K tasks train, the next ones test
 
 
 def baselines(bases: DifferentialKV, quick: bool) -> list[TemplateMethod]:
@@ -267,7 +268,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--templates", default="detailed", choices=sorted(TEMPLATE_SETS), help="operation templates")
-    p.add_argument("--train-tasks", type=int, default=36, help="GSM8K tasks whose workflows choose and learn")
+    p.add_argument("--train-tasks", type=int, default=TRAIN_TASKS, help="GSM8K tasks whose workflows choose and learn")
     p.add_argument("--test-tasks", type=int, default=24, help="the next GSM8K tasks, whose workflows are scored")
     p.add_argument("--decode", type=int, default=8, help="tokens each node generates and is scored on")
     p.add_argument("--refs", type=int, default=4, help="exact train executions averaged into a path's residual")

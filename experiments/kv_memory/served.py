@@ -2,19 +2,20 @@
 ``--kv-mode exact`` on the same held-apart test tasks, through ``connect()`` → executor →
 replica actor → manager.
 
-``python -m experiments.kv_memory.served [--train-tasks 20] [--test-tasks 20]
+``python -m experiments.kv_memory.served [--train-tasks 16] [--test-tasks 12]
 [--recompute-fraction 0.15] [--quick] [--json] [--allow-dirty]``
 
-Each mode gets a fresh embedded deployment (one replica, SmolLM2-135M, detailed templates).
-The train tasks' workflows (the planner's, the same split as ``run.py``) run first: a
+Each mode gets a fresh embedded deployment (one replica, SmolLM2-135M, detailed templates). The
+train tasks' workflows (the planner's; the first of ``run.py``'s train tasks) run first: a
 differential replica learns its hot paths' residuals online, from their first exact executions,
-as it does when serving. Then the test tasks' workflows run, and each test node's output text,
-its decision (``reconstruct`` where its template was rebuilt from base + residual) and its served
-time to first token (``NodeTrace.first_token_s``: from the executor deciding the node to its
-first token) are kept. Reported: the rate of test workflows whose final answer, and of test
-nodes whose output, is identical to the exact deployment's, and the median per-node TTFT ratio
-(differential ÷ exact, same node), over the rebuilt nodes and over all nodes. Writes
-``results/served/kv_memory_served.json``, its ``meta.json`` and the README's served table.
+as it does when serving. Then the test tasks' workflows (the first of ``run.py``'s test tasks)
+run, and each test node's output text, its decision (``reconstruct`` where its template was
+rebuilt from base + residual) and its served time to first token (``NodeTrace.first_token_s``:
+from the executor deciding the node to its first token) are kept. Reported: the rate of test
+workflows whose final answer, and of test nodes whose output, is identical to the exact
+deployment's, and the median per-node TTFT ratio (differential ÷ exact, same node), over the
+rebuilt nodes and over all nodes. Writes ``results/served/kv_memory_served.json``, its
+``meta.json`` and the README's served table.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import progress, publish_served, served_args
+from experiments.kv_memory.run import TRAIN_TASKS
 from graphflow.workflow.planner import Planner
 from graphflow.workflow.tasks import load_tasks
 
@@ -126,9 +128,9 @@ def table(s: dict[str, Any], settings: dict[str, Any]) -> str:
 def main() -> None:
     def configure(p: Any) -> None:
         p.add_argument("--model", default="smollm2-135m")
-        p.add_argument("--train-tasks", type=int, default=20)
-        p.add_argument("--test-tasks", type=int, default=20)
-        p.add_argument("--decode", type=int, default=16)
+        p.add_argument("--train-tasks", type=int, default=16)
+        p.add_argument("--test-tasks", type=int, default=12)
+        p.add_argument("--decode", type=int, default=8)
         p.add_argument("--recompute-fraction", type=float, default=0.15)
         p.add_argument("--capacity-mib", type=int, default=4096)
 
@@ -138,7 +140,9 @@ def main() -> None:
     say = progress(args.json)
     gsm = [t.text for t in load_tasks() if t.benchmark == "GSM8K"]
     planner = Planner.load()
-    texts = gsm[: args.train_tasks + args.test_tasks]
+    if args.train_tasks > TRAIN_TASKS:
+        raise SystemExit(f"--train-tasks must be at most {TRAIN_TASKS}: the tasks after those are the test set")
+    texts = gsm[: args.train_tasks] + gsm[TRAIN_TASKS : TRAIN_TASKS + args.test_tasks]
     pairs = [(t, planner.generate(t)) for t in texts]
     train, test = pairs[: args.train_tasks], pairs[args.train_tasks :]
     exact = run_mode("exact", train, test, args, say)

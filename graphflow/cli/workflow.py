@@ -91,6 +91,7 @@ def train_generator(
 def generate(
     task: str = typer.Option(..., help="The task's text."),
     checkpoint: Path = typer.Option(None, help="Generator checkpoint (default: the packaged one)."),
+    templates: str = typer.Option("short", help="Operation templates to compile with: short or detailed."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Generate a workflow for a task and compile it to the stateful execution graph."""
@@ -99,10 +100,18 @@ def generate(
 
     planner = Planner.load(checkpoint or DEFAULT_CHECKPOINT)
     wf = planner.generate(task)
-    gs = compile_workflow(wf)
+    gs = compile_workflow(wf, templates)
     result = {
+        "templates": templates,
         "nodes": [
-            {"id": n.id, "operator": n.operator, "role": n.role, "state_parent": n.state_parent} for n in gs.nodes
+            {
+                "id": n.id,
+                "operator": n.operator,
+                "role": n.role,
+                "state_parent": n.state_parent,
+                "template_chars": len(n.template),
+            }
+            for n in gs.nodes
         ],
         "data_edges": [list(e) for e in gs.data_edges],
         "state_edges": [list(e) for e in gs.state_edges],

@@ -44,3 +44,12 @@ def test_serve_refuses_an_unknown_template_set_before_starting_anything():
     result = runner.invoke(app, ["serve", "--templates", "long", "--json"])
     assert result.exit_code != 0
     assert "unknown template set 'long'; use one of short, detailed" in result.output
+
+
+def test_generate_compiles_with_the_chosen_templates():
+    result = runner.invoke(app, ["generate", "--task", "Add 2 and 3.", "--templates", "detailed", "--json"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output.strip().splitlines()[-1])
+    assert got["templates"] == "detailed" and all(n["template_chars"] > 800 for n in got["nodes"])
+    bad = runner.invoke(app, ["generate", "--task", "Add 2 and 3.", "--templates", "long"])
+    assert bad.exit_code != 0 and "unknown template set 'long'" in bad.output
