@@ -1,8 +1,8 @@
 """Differential KV against CacheBlend and EPIC, on operation templates of realistic length,
 scored on held-apart workflows.
 
-``python -m experiments.kv_memory.run --model smollm2-135m --templates detailed [--train-tasks 60]
-[--test-tasks 24] [--quick] [--json]``
+``python -m experiments.kv_memory.run --model smollm2-135m --templates detailed [--train-tasks 24]
+[--test-tasks 16] [--quick] [--json]``
 
 1. Two disjoint sets of real GSM8K tasks (``--train-tasks``, then ``--test-tasks``); the trained
    planner generates a workflow for each. Path keys ``(P, v)`` are counted on the *train*
@@ -74,7 +74,7 @@ OURS_CODECS = (
 )
 QUICK_OURS_CODECS = (ResidualCodec(), ResidualCodec(recompute_fraction=0.15))
 CONCURRENCY = (10, 20, 50)
-TRAIN_TASKS = 36  # the default split: the first 36 GSM8K tasks train, the next ones test
+TRAIN_TASKS = 24  # the default split: the first 24 GSM8K tasks train, the next ones test
 
 
 def baselines(bases: DifferentialKV, quick: bool) -> list[TemplateMethod]:
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace, say: Any = print) -> dict[str, Any]:
     operating = choose_operating(rows, residual_bytes)
     say(f"operating point (chosen on the train set): {operating}")
     nodes: list[tuple[int, PathKey, int]] = []  # every test node execution: workflow, key, template tokens
-    for w, (gs, text) in enumerate(zip(test, test_texts, strict=True)):
+    for w, (gs, text) in enumerate(zip(test, test_texts[: len(test)], strict=True)):
         for ex in execute_workflow(engine, w, gs, encode(text)[: args.max_task_tokens], encode, args.decode):
             check(ex)
             nodes.append((w, ex.key, len(ex.template)))
@@ -269,10 +269,10 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--templates", default="detailed", choices=sorted(TEMPLATE_SETS), help="operation templates")
     p.add_argument("--train-tasks", type=int, default=TRAIN_TASKS, help="GSM8K tasks whose workflows choose and learn")
-    p.add_argument("--test-tasks", type=int, default=24, help="the next GSM8K tasks, whose workflows are scored")
+    p.add_argument("--test-tasks", type=int, default=16, help="the next GSM8K tasks, whose workflows are scored")
     p.add_argument("--decode", type=int, default=8, help="tokens each node generates and is scored on")
     p.add_argument("--refs", type=int, default=4, help="exact train executions averaged into a path's residual")
-    p.add_argument("--min-count", type=int, default=8, help="train executions that make a path key hot")
+    p.add_argument("--min-count", type=int, default=6, help="train executions that make a path key hot")
     p.add_argument("--max-task-tokens", type=int, default=384)
     p.add_argument(
         "--quick",

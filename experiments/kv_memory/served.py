@@ -2,7 +2,7 @@
 ``--kv-mode exact`` on the same held-apart test tasks, through ``connect()`` → executor →
 replica actor → manager.
 
-``python -m experiments.kv_memory.served [--train-tasks 16] [--test-tasks 12]
+``python -m experiments.kv_memory.served [--train-tasks 12] [--test-tasks 8]
 [--recompute-fraction 0.15] [--quick] [--json] [--allow-dirty]``
 
 Each mode gets a fresh embedded deployment (one replica, SmolLM2-135M, detailed templates). The
@@ -128,8 +128,8 @@ def table(s: dict[str, Any], settings: dict[str, Any]) -> str:
 def main() -> None:
     def configure(p: Any) -> None:
         p.add_argument("--model", default="smollm2-135m")
-        p.add_argument("--train-tasks", type=int, default=16)
-        p.add_argument("--test-tasks", type=int, default=12)
+        p.add_argument("--train-tasks", type=int, default=12)
+        p.add_argument("--test-tasks", type=int, default=8)
         p.add_argument("--decode", type=int, default=8)
         p.add_argument("--recompute-fraction", type=float, default=0.15)
         p.add_argument("--capacity-mib", type=int, default=4096)
