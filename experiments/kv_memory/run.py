@@ -198,7 +198,7 @@ def run(args: argparse.Namespace, say: Any = print) -> dict[str, Any]:
         "planned_nodes": planned_nodes,
         "hot": hot,
         "operating": operating,
-        "store": stores[next(m.store.codec.label for m in ours if m.label == operating)],
+        "store": next(m.store for m in ours if m.label == operating),
         "train_workflows": len(train),
         "test_workflows": len(test),
         "bpt": bpt,
@@ -225,9 +225,9 @@ def summarize(r: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         if n > planned:
             continue
         used = [(key, tokens) for w, key, tokens in r["planned_nodes"] if w < n]
-        ops = {key.op for key, _ in used}
-        ours_bytes = sum(store.bases[o].nbytes for o in ops)
-        ours_bytes += sum(res.encoded.nbytes for k, res in store.residuals.items() if k in {key for key, _ in used})
+        keys = {key for key, _ in used}
+        ours_bytes = sum(store.bases[o].nbytes for o in {key.op for key in keys})
+        ours_bytes += sum(res.encoded.nbytes for k, res in store.residuals.items() if k in keys)
         conc.append({"workflows": n, "stateful_bytes": sum(t for _, t in used) * bpt, "ours_bytes": ours_bytes})
     tokens = {key.op: t for _, key, t in r["nodes"]}
     s: dict[str, Any] = {

@@ -25,6 +25,7 @@ from graphflow.kv.state import RopeInfo
 
 __all__ = [
     "EncodedResidual",
+    "fraction_of",
     "ResidualCodec",
     "SparseResidual",
     "apply_residual",
@@ -33,6 +34,11 @@ __all__ = [
     "reconstruct",
     "sparsify",
 ]
+
+
+def fraction_of(fraction: float, n: int) -> int:
+    """``fraction`` of ``n`` tokens, rounded down (a recompute of "15%" never exceeds 15%)."""
+    return min(n, math.floor(fraction * n + 1e-9))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -146,7 +152,7 @@ class ResidualCodec:
 
     def head_tokens(self, n: int) -> int:
         """How many of an ``n``-token template's first tokens are recomputed, not rebuilt."""
-        return min(n, max(self.recompute_head, math.floor(self.recompute_fraction * n + 1e-9)))
+        return min(n, max(self.recompute_head, fraction_of(self.recompute_fraction, n)))
 
     @property
     def label(self) -> str:

@@ -13,7 +13,6 @@ selection gradually over the first layers; one check layer is the simplest form 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 
 import torch
 
+from graphflow.kv.differential.codecs import fraction_of
 from graphflow.kv.differential.methods import Rebuilt, moved_base
 from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.differential.recompute import recompute_tokens
@@ -86,7 +86,7 @@ class CacheBlend:
         kv = moved_base(self.store, key, prefix_kv.shape[3])
         if kv is None:
             return None
-        count = min(len(template), math.floor(self.ratio * len(template) + 1e-9))
+        count = fraction_of(self.ratio, len(template))
         if count == 0:
             return Rebuilt(kv, 0)
         layer = min(self.check_layer, kv.shape[0] - 1)

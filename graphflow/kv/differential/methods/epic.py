@@ -5,12 +5,12 @@ new prefix and repair the attention sink the base was computed with). ``k`` is a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from graphflow.kv.differential.codecs import fraction_of
 from graphflow.kv.differential.methods import Rebuilt, moved_base
 from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.differential.recompute import recompute_tokens
@@ -42,7 +42,7 @@ class Epic:
         if self.tokens is not None:
             return min(n, self.tokens)
         assert self.fraction is not None
-        return min(n, math.floor(self.fraction * n + 1e-9))
+        return fraction_of(self.fraction, n)
 
     def rebuild(
         self, engine: Prefiller, key: PathKey, prefix_kv: torch.Tensor, template: Sequence[int]
