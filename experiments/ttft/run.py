@@ -8,10 +8,12 @@ Each model runs as two UCX processes (replica A holds the state, replica B runs 
 see ``graphflow/bench/ttft.py`` for what each system's timing covers. Writes
 ``results/ttft.csv``, ``meta.json``, ``results/ttft.png`` and the README table.
 
-``--served`` (SmolLM2 at 1K and 4K by default) measures the same agent through the served path
+``--served`` (SmolLM2 at 1K and 4K by default; ``--models a,b`` runs each model's deployment in
+turn, skipping contexts beyond its positions) measures the same agent through the served path
 (``experiments/ttft/served.py``: ``connect()`` → executor → replica actors → manager → UCX) and,
 in the same run and with the same torch threads, the scripted pair; writes ``results/served/``
-(CSV, ``meta.json``) and the README's served table, never the scripted study's files.
+(CSV, ``meta.json`` with each deployment's threads, prefault and measured link) and the README's
+served table, never the scripted study's files.
 """
 
 from __future__ import annotations
@@ -124,8 +126,8 @@ def table(rows: list[dict[str, str]]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="qwen2-0.5b-shape,smollm2-135m")
-    p.add_argument("--contexts", default="1024,4096,8192,16384")
+    p.add_argument("--models", default=None, help="(default: qwen2-0.5b-shape,smollm2-135m; --served: smollm2-135m)")
+    p.add_argument("--contexts", default=None, help="tokens (default: 1024,4096,8192,16384; --served: 1024,4096)")
     p.add_argument("--suffix", type=int, default=64, help="the agent's own prompt tokens")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="smollm2-135m at 256 and 1024 tokens, 1 repeat (≤ 60 s)")
@@ -134,7 +136,8 @@ def main() -> None:
     p.add_argument(
         "--served",
         action="store_true",
-        help="served path against the scripted pair, same run (default smollm2-135m at 1024,4096)",
+        help="served path against the scripted pair, same run (default smollm2-135m at 1024,4096; "
+        "several --models run one after another, each skipping contexts beyond its positions)",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads of every process (0: this process's count)")
     p.add_argument("--capacity-mib", type=int, default=2048, help="--served: KV store per replica, all prefaulted")
@@ -152,6 +155,8 @@ def main() -> None:
         return
     if args.quick:
         args.models, args.contexts, args.repeats = "smollm2-135m", "256,1024", 1
+    args.models = args.models or "qwen2-0.5b-shape,smollm2-135m"
+    args.contexts = args.contexts or "1024,4096,8192,16384"
     contexts = [int(c) for c in args.contexts.split(",")]
     if any(c < 16 for c in contexts) or args.suffix < 1 or args.repeats < 1:
         raise SystemExit("contexts must be at least 16 tokens, --suffix and --repeats at least 1")
@@ -171,32 +176,35 @@ def _served(args: argparse.Namespace) -> None:
 
     from experiments.ttft.served import served_rows
 
-    model = "smollm2-135m" if args.models == "qwen2-0.5b-shape,smollm2-135m" else args.models
-    contexts = [int(c) for c in ("1024,4096" if args.contexts == "1024,4096,8192,16384" else args.contexts).split(",")]
+    models = (args.models or "smollm2-135m").split(",")
+    contexts = [int(c) for c in (args.contexts or "1024,4096").split(",")]
     threads = args.threads or torch.get_num_threads()
-    if "," in model or args.repeats < 1 or any(c < 16 for c in contexts):
-        raise SystemExit("--served takes one model, contexts of at least 16 tokens and --repeats ≥ 1")
+    if args.repeats < 1 or any(c < 16 for c in contexts):
+        raise SystemExit("--served takes contexts of at least 16 tokens and --repeats ≥ 1")
     repeats = max(args.repeats, 3)
-    if not args.json:
-        print(f"served: {model} at {contexts}, {repeats} repeats, {threads} torch threads per process")
-    served = served_rows(model, contexts, repeats, threads, args.capacity_mib)
-    suffix = served["rows"][0]["suffix"]
-    scripted = {int(r["context"]): r for r in measure(model, contexts, suffix, repeats, threads)}
-    rows = [served_row(model, s, scripted[s["context"]]) for s in served["rows"]]
+    rows: list[dict[str, Any]] = []
+    deployments: dict[str, Any] = {}
+    for model in models:
+        if not args.json:
+            print(f"served: {model} at {contexts}, {repeats} repeats, {threads} torch threads per process")
+        served = served_rows(model, contexts, repeats, threads, args.capacity_mib)
+        if not served["rows"]:
+            raise SystemExit(f"{model} holds none of the contexts {contexts}; ask for shorter ones")
+        suffix = served["rows"][0]["suffix"]
+        ran = [s["context"] for s in served["rows"]]
+        scripted = {int(r["context"]): r for r in measure(model, ran, suffix, repeats, threads)}
+        rows += [served_row(model, s, scripted[s["context"]]) for s in served["rows"]]
+        deployments[model] = {k: v for k, v in served.items() if k != "rows"} | {"suffix": suffix, "contexts": ran}
     out = output_dir(HERE, args.quick, "served")
     write_csv(out / "served.csv", rows)
     write_meta(
         out,
-        model=model,
+        models=models,
         contexts=contexts,
-        suffix=suffix,
         repeats=repeats,
         threads=threads,
-        replica_threads=served["threads"],
-        prefaulted_bytes=served["prefaulted_bytes"],
-        transport=served["transport"],
         capacity_mib=args.capacity_mib,
-        link_bandwidth_bytes_per_s=served["link_bandwidth_bytes_per_s"],
+        deployments=deployments,
     )
     if not args.quick:
         replace_section(HERE / "README.md", "served", served_table(rows))
@@ -206,6 +214,7 @@ def _served(args: argparse.Namespace) -> None:
             {
                 k: r[k]
                 for k in (
+                    "model",
                     "context",
                     "decision",
                     "served_s",

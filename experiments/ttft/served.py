@@ -25,10 +25,12 @@ from graphflow.client import connect
 __all__ = ["served_rows"]
 
 HOLDER, AGENT = "graphflow-replica-0", "graphflow-replica-1"
+SUFFIX_ROOM = 256  # positions left for the agent's own prompt and its first token
 
 
 def served_rows(model: str, contexts: list[int], repeats: int, threads: int, capacity_mib: int) -> dict[str, Any]:
-    """Median served TTFTs per context (after one warm-up), and what the deployment was."""
+    """Median served TTFTs per context (after one warm-up), and what the deployment was;
+    contexts the model cannot hold (``max_position_embeddings``) are left out."""
     client = connect(
         None,
         model=model,
@@ -41,8 +43,11 @@ def served_rows(model: str, contexts: list[int], repeats: int, threads: int, cap
     try:
         agent = PinnedAgent(client)
         stats = {s.replica: s for s in client.status()}
+        limit = client.cluster.get(client.cluster.call(AGENT, "max_positions"))
         rows = []
         for n in contexts:
+            if limit and n + SUFFIX_ROOM > limit:
+                continue  # the model cannot hold this context (and the agent's suffix)
             parts: dict[str, list[float]] = {
                 "served": [],
                 "served_replica": [],
