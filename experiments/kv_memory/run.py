@@ -282,7 +282,10 @@ def main() -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="2 train + 1 test tasks of at most 128 tokens, 4 tokens decoded, six methods on 3 test executions (under a minute); writes out/quick/, not results/",
+        help=(
+            "2 train + 1 test tasks of at most 128 tokens, 4 tokens decoded, six methods on 3 test executions "
+            "(under a minute); writes out/quick/, not results/"
+        ),
     )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     add_provenance(p)
