@@ -365,12 +365,13 @@ class WorkflowExecutor:
         bt = self.block_tokens
         usable = (len(ctx) - 1) // bt * bt
         have = {m.replica: min(m.num_tokens, usable) // bt * bt for m in look.matches}
-        for r, n in (arriving or {}).items():
-            have[r] = max(have.get(r, 0), min(n, usable) // bt * bt)
+        # NOTE: arriving tokens count as local where they land, never as a source for others: that
+        # replica holds none of them yet, and a send from it would leave its receiver waiting out the deadline
+        landing = {r: min(n, usable) // bt * bt for r, n in (arriving or {}).items()}
         held: dict[str, TemplateHolding] = dict(look.templates)
         requests = []
         for r in [pinned] if pinned else self.cluster.replicas:
-            local = have.get(r, 0)
+            local = max(have.get(r, 0), landing.get(r, 0))
             remote = tuple(
                 RemoteCopy(o, n, self.links.link(o, r), self._address(o))
                 for o, n in have.items()
