@@ -171,6 +171,12 @@ class Transport(ABC):
             TransferTimeout: the deadline passed (e.g. the peer died mid-transfer).
         """
 
+    def routes(self) -> dict[str, tuple[str, ...]]:
+        """How this transport reaches each peer it has connected to: peer address → the
+        backend's transports in use (UCX: ``("tcp/eth0",)`` across hosts, ``("sysv/memory",
+        "cma/memory")`` within one); empty for a backend that cannot say."""
+        return {}
+
     async def _aclose(self) -> None:  # noqa: B027 - optional hook
         """Release backend resources (endpoints, communicators)."""
 

@@ -25,6 +25,7 @@ import xxhash
 from transport.base import TransferSpec, TransportConfig
 from transport.errors import PeerUnreachable, TransportError
 from transport.message import MessageTransport
+from transport.ucx_query import endpoint_transports
 
 __all__ = ["UcxTransport"]
 
@@ -56,6 +57,7 @@ class UcxTransport(MessageTransport):
         self.net_devices = net_devices or os.environ.get("GRAPHFLOW_UCX_NET_DEVICES", "")
         self.busy_poll = busy_poll
         self._endpoints: dict[str, Any] = {}
+        self._routes: dict[str, tuple[str, ...]] = {}  # peer → UCX transport/device of its lanes
         # NOTE: buffers of messages abandoned on timeout stay referenced until close(), so a
         # late arrival can never write into freed memory.
         self._orphans: list[Any] = []
@@ -98,7 +100,12 @@ class UcxTransport(MessageTransport):
         except Exception as exc:  # noqa: BLE001 - any failure here means the peer can't be reached
             raise PeerUnreachable(f"ucx: cannot connect to worker address {peer[:32]}…: {exc}") from None
         self._endpoints[peer] = ep
+        self._routes[peer] = endpoint_transports(ep.ucp_endpoint)
         return ep
+
+    def routes(self) -> dict[str, tuple[str, ...]]:
+        """The transports UCX chose for each peer connected to (``ucp_ep_query``)."""
+        return dict(self._routes)
 
     async def _guard(self, aw: Any, bufs: list[memoryview], peer: str) -> None:
         try:
@@ -136,4 +143,5 @@ class UcxTransport(MessageTransport):
         for ep in self._endpoints.values():
             ep.abort()
         self._endpoints.clear()
+        self._routes.clear()
         self._orphans.clear()

@@ -256,6 +256,13 @@ def status(
             f"{s.prefix.hit_rate:.0%}",
         )
     out.print(table)
+    routes = Table("from", "to", "transports", "path", title="routes (peers each replica has sent to)")
+    for s in stats:
+        for r in s.routes:
+            path = "shared memory" if r.shared_memory else "network"
+            routes.add_row(s.replica, r.peer, ", ".join(r.transports), path)
+    if routes.rows:
+        out.print(routes)
     gone = [n.host or n.node[:12] for n in nodes if not n.alive]
     if cluster.lost or gone:
         out.print(f"lost replicas: {', '.join(cluster.lost) or 'none'}; dead nodes: {', '.join(gone) or 'none'}")

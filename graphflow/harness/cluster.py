@@ -9,11 +9,15 @@
   egress: htb, a class per peer (its link rate), netem delay under each
 ```
 
-Each node's Ray processes live in its namespace and reach the others only over the veths, so
-every byte between nodes crosses a shaped link. UCX is held to tcp on the node's veth
-(``UCX_TLS=tcp,self``): processes on one machine share memory across network namespaces, and
-UCX would otherwise pick shared memory for every pair. A development and test harness (needs
-root and iproute2), not a deployment tool: ``deploy/`` covers real clusters.
+Each node's Ray processes live in its namespaces and reach the others only over the veths, so
+every byte between nodes crosses a shaped link. A node is a machine as UCX sees one: besides
+its network namespace it has PID, IPC and mount namespaces of its own (and its own
+``/tmp/ray``), so UCX's shared-memory transports (``sysv``, ``posix``, ``cma``), which it
+offers only to peers in its own PID / IPC namespace, connect the replicas of one node, while
+peers on other nodes get tcp on the node's veth (``UCX_TLS=tcp,sm,self``). Without those
+namespaces every pair would look local to UCX (one boot id) and skip the shaped links. A
+development and test harness (needs root, iproute2 and util-linux's ``unshare``), not a
+deployment tool: ``deploy/`` covers real clusters.
 
 ``down`` kills every process in the harness's namespaces (found by namespace, so a crashed
 ``up`` leaves nothing it cannot clean), deletes the namespaces (their veths go with them) and
@@ -25,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -110,7 +115,7 @@ class ClusterNode:
         """What every process of this node runs with (Ray's workers inherit it from the raylet)."""
         return {
             "RAY_AUTH_MODE": "token",
-            "UCX_TLS": "tcp,self",
+            "UCX_TLS": "tcp,sm,self",  # sm reaches only this node's processes (its PID / IPC namespaces)
             "UCX_NET_DEVICES": self.device,
             "GRAPHFLOW_UCX_NET_DEVICES": self.device,
             "UCX_WARN_UNUSED_ENV_VARS": "n",
@@ -196,6 +201,8 @@ def _check_tools() -> None:
         raise Unavailable("a namespace cluster needs root (network namespaces, veths, tc)")
     if not shutil.which("ip") or not shutil.which("tc"):
         raise Unavailable("iproute2 (ip, tc) is not installed; apt-get install iproute2")
+    if not shutil.which("unshare"):
+        raise Unavailable("util-linux's unshare is not installed; apt-get install util-linux")
 
 
 def cluster_up(spec: ClusterSpec, say: object = None, start_ray: bool = True) -> NamespaceCluster:
@@ -213,6 +220,8 @@ def cluster_up(spec: ClusterSpec, say: object = None, start_ray: bool = True) ->
         _network(spec, nodes)
         log(f"network up: {spec.nodes} namespaces on {BRIDGE}")
         head = f"{nodes[0].address}:{GCS_PORT}"
+        if start_ray:
+            _ensure_token()
         for node in nodes if start_ray else ():
             _start_ray(spec, node, head)
             log(f"ray node {node.index} started in {node.namespace}")
@@ -282,13 +291,33 @@ def _shape(spec: ClusterSpec, node: ClusterNode, nodes: tuple[ClusterNode, ...])
             )
 
 
-def _start_ray(spec: ClusterSpec, node: ClusterNode, head: str) -> None:
+def _ensure_token() -> None:
+    """A Ray auth token for the nodes: ``RAY_AUTH_TOKEN`` if set, else ``~/.ray/auth_token``,
+    made now if missing (``ray start`` refuses to make one; on a fresh machine nothing has)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    proc = subprocess.run([_ray_exe(), "get-auth-token", "--generate"], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise Unavailable(f"could not make a Ray auth token: {(proc.stderr or proc.stdout).strip()[-300:]}")
+
+
+def node_tmp(index: int) -> Path:
+    """What node ``index`` sees as ``/tmp/ray`` (a machine's own: Ray keeps its sockets and
+    logs there, and PIDs, which each node numbers from 1, name some of them)."""
+    return STATE_DIR / "nodes" / str(index)
+
+
+def _start_ray(spec: ClusterSpec, node: ClusterNode, head: str, timeout_s: float = 180.0) -> None:
+    """Start node ``node``'s Ray (``ray start --block``, which stays as the first process of
+    the node's PID namespace) and return once it is up; its output goes to ``ray.log`` in
+    :func:`node_tmp`."""
     resources = json.dumps({f"graphflow-node-{node.index}": 1})
     common = [
         f"--node-ip-address={node.address}",
         f"--num-cpus={spec.cpus}",
         f"--resources={resources}",
         "--disable-usage-stats",
+        "--block",
     ]
     if node.index == 0:
         # NOTE: a temp dir of its own: Ray records a head's address in <temp>/ray_current_cluster, and an
@@ -302,19 +331,32 @@ def _start_ray(spec: ClusterSpec, node: ClusterNode, head: str) -> None:
         ]
     else:
         role = [f"--address={head}"]
+    tmp = node_tmp(node.index)
+    tmp.mkdir(parents=True, exist_ok=True)
+    ray = shlex.join([_ray_exe(), "start", *role, *common])
     cmd = [
         *node.exec_prefix(),
+        "unshare",
+        "--pid",
+        "--ipc",
+        "--fork",
+        "--mount-proc",
+        "--propagation=private",
         "env",
         *(f"{k}={v}" for k, v in node.env().items()),
-        _ray_exe(),
-        "start",
-        *role,
-        *common,
+        "bash",
+        "-c",
+        f"mkdir -p /tmp/ray && mount --bind {shlex.quote(str(tmp))} /tmp/ray && exec {ray}",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip()[-400:]
-        raise Unavailable(f"could not start the Ray node in {node.namespace}: {tail}")
+    log = tmp / "ray.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while b"Ray runtime started" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = log.read_text(errors="replace").strip()[-400:]
+            raise Unavailable(f"could not start the Ray node in {node.namespace}: {tail or 'no output'}")
+        time.sleep(0.2)
 
 
 def _wait_nodes(head_node: ClusterNode, head: str, n: int, timeout_s: float = 120.0) -> None:
@@ -358,7 +400,8 @@ def cluster_down() -> Removed:
     bridge = subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True).returncode == 0
     (STATE_DIR / "state.json").unlink(missing_ok=True)
     _forget_head_address()
-    shutil.rmtree(RAY_TEMP_DIR, ignore_errors=True)  # the nodes' sessions (logs, sockets)
+    shutil.rmtree(RAY_TEMP_DIR, ignore_errors=True)  # the head's session (logs, sockets)
+    shutil.rmtree(STATE_DIR / "nodes", ignore_errors=True)  # every node's /tmp/ray
     return Removed(len(namespaces), killed, int(bridge))
 
 

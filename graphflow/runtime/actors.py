@@ -464,7 +464,8 @@ class RayCluster:
                 self.drop_replica(r)
                 self.lost.append(r)
         hits = self.manager("hit_stats")
-        return [s.with_hits(hits[s.replica]) if s.replica in hits else s for s in stats]
+        names = {info.address: info.name for info in self.manager("list_replicas") if info.address}
+        return [(s.with_hits(hits[s.replica]) if s.replica in hits else s).with_peer_names(names) for s in stats]
 
     def nodes(self) -> list[NodeInfo]:
         """The Ray cluster's nodes: id, address, alive, and which replicas it runs."""

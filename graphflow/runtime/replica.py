@@ -48,7 +48,7 @@ from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resid
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS, MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
 from graphflow.runtime.replica_store import ReplicaStore
-from graphflow.runtime.stats import ReplicaStats
+from graphflow.runtime.stats import ReplicaStats, Route
 from scheduler.policy import Option
 from transport.base import TransferSpec, Transport, TransportConfig
 from transport.memory import host_arena
@@ -547,4 +547,5 @@ class ReplicaWorker:
             shared_prefix_copies=self._prefixes.built,
             protected_states=len(self._held.needed_now()),
             templates=self.templates.summary() if self.templates else TemplateStats(),
+            routes=tuple(Route(peer, via) for peer, via in self.transport.routes().items()),
         )

@@ -8,12 +8,13 @@ beside the replica's own).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 from graphflow.kv.differential.template_kv import TemplateStats
 from graphflow.kv.events import PrefixHits
 
-__all__ = ["NodeInfo", "ReplicaStats"]
+__all__ = ["NodeInfo", "ReplicaStats", "Route"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,22 @@ class NodeInfo:
     host: str  # its address
     alive: bool
     replicas: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How a replica's transport reaches one peer it has sent to: the peer (its transport
+    address as the replica knows it; the cluster swaps in the replica's name) and the
+    backend's transports in use (UCX: ``tcp/<device>`` across nodes, ``sysv/memory`` and
+    ``cma/memory`` between replicas of one node)."""
+
+    peer: str
+    transports: tuple[str, ...]
+
+    @property
+    def shared_memory(self) -> bool:
+        """Whether every lane stays in this host's memory (no network device)."""
+        return bool(self.transports) and all(t.endswith("/memory") for t in self.transports)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +71,12 @@ class ReplicaStats:
     protected_states: int  # kept states a ready node of a running workflow needs (not evictable)
     templates: TemplateStats = field(default_factory=TemplateStats)
     prefix: PrefixHits = field(default_factory=PrefixHits)
+    routes: tuple[Route, ...] = ()  # the peers this replica has connected to, and how
+
+    def with_peer_names(self, names: Mapping[str, str]) -> ReplicaStats:
+        """Routes naming peers by replica (``names``: transport address → replica name);
+        a peer not in ``names`` (gone, or a client's probe) keeps its address."""
+        return replace(self, routes=tuple(Route(names.get(r.peer, r.peer), r.transports) for r in self.routes))
 
     @property
     def kv_mode(self) -> str:
@@ -65,4 +88,7 @@ class ReplicaStats:
     def to_json(self) -> dict[str, object]:
         out = asdict(self)
         templates, prefix = out.pop("templates"), out.pop("prefix")
+        out["routes"] = [
+            {"peer": r.peer, "transports": list(r.transports), "shared_memory": r.shared_memory} for r in self.routes
+        ]
         return {**out, **templates, **prefix}

@@ -42,6 +42,26 @@ def test_ucx_restricted_to_the_loopback_device(monkeypatch):
     _assert_resumed(run_transfer_check("ucx", TransferCheck(tokens=200), timeout_s=30))  # both processes on lo
 
 
+ROUTE_PROBE = """
+import json
+from transport.ucx import UcxTransport
+t = UcxTransport()
+before = t.routes()
+t.run(t._endpoint(t.address))  # an endpoint to its own worker, as a same-host peer would get
+print(json.dumps({"before": before, "after": t.routes()[t.address]}))
+t.close()
+"""
+
+
+@pytest.mark.ucx
+def test_ucx_reports_the_transports_it_chose_for_a_peer():
+    out = subprocess.run([sys.executable, "-c", ROUTE_PROBE], capture_output=True, text=True, timeout=60, env=_env())
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["before"] == {}
+    assert got["after"] and all(t.endswith("/memory") for t in got["after"]), got  # one host: no network device
+    assert any(t.startswith(("sysv/", "posix/", "cma/", "self/")) for t in got["after"])
+
+
 @pytest.mark.mpi
 def test_mpi_kv_state_between_processes():
     result = run_transfer_check("mpi", TransferCheck(tokens=200), timeout_s=30)

@@ -42,7 +42,7 @@ def test_nodes_are_named_and_addressed_by_index():
     node = ClusterNode.of(2)
     assert (node.namespace, node.device, node.address) == ("gfc-node-2", "gfc2", "10.233.0.3")
     env = node.env()
-    assert env["UCX_TLS"] == "tcp,self" and env["UCX_NET_DEVICES"] == env["GRAPHFLOW_UCX_NET_DEVICES"] == "gfc2"
+    assert env["UCX_TLS"] == "tcp,sm,self" and env["UCX_NET_DEVICES"] == env["GRAPHFLOW_UCX_NET_DEVICES"] == "gfc2"
 
 
 def test_the_recorded_cluster_reads_back_as_it_was_written():
