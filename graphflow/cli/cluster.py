@@ -10,7 +10,10 @@ import typer
 from graphflow.cli._common import emit, out, say, user_errors
 
 app = typer.Typer(
-    help="A multi-node Ray cluster on this machine: one network namespace per node (needs root).",
+    help=(
+        "A multi-node Ray cluster on this machine: one network namespace per node, each with its own PID, IPC "
+        "and mount namespaces, so replicas of one node share memory and nodes talk over shaped links (needs root)."
+    ),
     no_args_is_help=True,
 )
 
@@ -29,7 +32,8 @@ def up(
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
-    """Create the namespaces, bridge and shaped links; start the Ray head and workers."""
+    """Create the namespaces, bridge and shaped links; start the Ray head and workers (each
+    node's Ray in PID, IPC and mount namespaces of its own, its log in the node's /tmp/ray)."""
     from graphflow.harness.cluster import ClusterSpec, cluster_up, parse_links
 
     default, pairs = parse_links(link)
