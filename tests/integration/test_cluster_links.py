@@ -34,7 +34,8 @@ on = client.executor.run(gs, ids, new_run_id(), pin=pin)
 rows = {t.node: [t.replica, t.decision, t.bytes_moved] for t in on.nodes}
 predicted = {t.node: {o.value: s for o, s in d.predicted_s.items()} for t, d in zip(on.nodes, on.decisions)}
 links = {f"{a}>{b}": ln.bandwidth_bytes_per_s for (a, b), ln in client.executor.links.pairs.items()}
-print(json.dumps({"rows": rows, "predicted": predicted, "links": links, "context": len(ids)}))
+routes = {s.replica[-1]: {r.peer[-1]: [list(r.transports), r.shared_memory] for r in s.routes} for s in client.status()}
+print(json.dumps({"rows": rows, "predicted": predicted, "links": links, "context": len(ids), "routes": routes}))
 """
 
 
@@ -73,13 +74,6 @@ def test_slow_node_recomputes_and_the_fast_pair_transfers(slow_node):
     bw = {(ln["src"][-1], ln["dst"][-1]): ln["bandwidth_bytes_per_s"] for ln in served["links"]}
     assert bw[("0", "1")] > 5 * bw[("0", "2")]  # the matrix tells the pairs apart (1 Gbit/s vs 50 Mbit/s)
     assert bw[("0", "3")] > 2 * bw[("0", "1")]  # one node: shared memory, not the 1 Gbit/s veth
-    status = _last_json(_cli("status", "--address", address, "--json"))
-    routes = {r["replica"][-1]: {x["peer"][-1]: x for x in r["routes"]} for r in status["replicas"]}
-    for a, b in (("0", "3"), ("3", "0")):
-        assert routes[a][b]["shared_memory"], routes[a][b]  # sysv / posix / cma, no network device
-    veth = {r: f"tcp/gfc{int(h.rsplit('.', 1)[1]) - 1}" for r, h in hosts.items()}  # node i: 10.233.0.<i+1>, gfc<i>
-    for a, b in (("0", "1"), ("0", "2"), ("3", "1"), ("1", "0"), ("2", "3")):
-        assert routes[a][b]["transports"] == [veth[a]], routes[a][b]  # other nodes: tcp on the sender's veth
     run = subprocess.run([sys.executable, "-c", RUN, address], capture_output=True, text=True, env=ENV, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
@@ -88,6 +82,12 @@ def test_slow_node_recomputes_and_the_fast_pair_transfers(slow_node):
     assert b2[:2] == ["graphflow-replica-2", "recompute"] and b2[2] == 0, got  # slow node: recomputed there
     b3 = got["rows"]["b3"]
     assert b3[:2] == ["graphflow-replica-3", "transfer"] and b3[2] > 0, got  # same node: moved over shared memory
+    routes = got["routes"]  # what `graphflow status` shows: each replica's UCX transports per peer
+    for a, b in (("0", "3"), ("3", "0")):
+        assert routes[a][b][1], routes[a][b]  # sysv / posix / cma, no network device
+    veth = {r: f"tcp/gfc{int(h.rsplit('.', 1)[1]) - 1}" for r, h in hosts.items()}  # node i: 10.233.0.<i+1>, gfc<i>
+    for a, b in (("0", "1"), ("0", "2"), ("3", "1"), ("1", "0"), ("2", "3")):
+        assert routes[a][b][0] == [veth[a]], routes[a][b]  # other nodes: tcp on the sender's veth
     # the policy chose from the measured costs: moving the context to node 2 was priced higher
     assert got["predicted"]["b2"]["transfer"] > got["predicted"]["b2"]["recompute"], got
     assert got["predicted"]["b1"]["transfer"] < got["predicted"]["b1"]["recompute"], got
