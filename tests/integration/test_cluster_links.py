@@ -91,4 +91,4 @@ def test_slow_node_recomputes_and_the_fast_pair_transfers(slow_node):
     # the policy chose from the measured costs: moving the context to node 2 was priced higher
     assert got["predicted"]["b2"]["transfer"] > got["predicted"]["b2"]["recompute"], got
     assert got["predicted"]["b1"]["transfer"] < got["predicted"]["b1"]["recompute"], got
-    _cli("shutdown", "--address", address, "--no-stop-head", "--json")
+    # NOTE: no shutdown here: the fixture's `cluster down` stops everything (test_cluster runs shutdown)
