@@ -57,7 +57,9 @@ class UcxTransport(MessageTransport):
         self.net_devices = net_devices or os.environ.get("GRAPHFLOW_UCX_NET_DEVICES", "")
         self.busy_poll = busy_poll
         self._endpoints: dict[str, Any] = {}
-        self._routes: dict[str, tuple[str, ...]] = {}  # peer → UCX transport/device of its lanes
+        # NOTE: each peer's lanes (transport/device) are queried once, on the loop thread as the endpoint is
+        # made: UCX's worker is single-threaded, and stats are read from other threads
+        self._routes: dict[str, tuple[str, ...]] = {}
         # NOTE: buffers of messages abandoned on timeout stay referenced until close(), so a
         # late arrival can never write into freed memory.
         self._orphans: list[Any] = []

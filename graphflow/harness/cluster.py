@@ -29,17 +29,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphflow.harness import cluster_ray
+from graphflow.harness.cluster_ray import CLIENT_PORT, GCS_PORT, RAY_TEMP_DIR, STATE_DIR
 from graphflow.harness.netns import run_checked
 from graphflow.runtime.errors import Unavailable
 
@@ -61,10 +61,6 @@ BRIDGE = "gfc-br0"
 NS_PREFIX = "gfc-node-"
 SUBNET = "10.233.0"
 BRIDGE_ADDRESS = f"{SUBNET}.254"
-GCS_PORT = 6379
-CLIENT_PORT = 10001
-STATE_DIR = Path(os.environ.get("GRAPHFLOW_CLUSTER_DIR", "/tmp/graphflow-cluster"))
-RAY_TEMP_DIR = STATE_DIR / "ray"
 _UNSHAPED = "10gbit"  # the htb class of a pair nobody shaped (the veth itself is far faster)
 
 
@@ -191,11 +187,6 @@ def _rate_bits(rate: str) -> float:
     raise ValueError(f"a link rate is a positive number with kbit, mbit or gbit (e.g. 1gbit), got {rate!r}")
 
 
-def _ray_exe() -> str:
-    local = Path(sys.executable).parent / "ray"
-    return str(local) if local.exists() else shutil.which("ray") or "ray"
-
-
 def _check_tools() -> None:
     if os.geteuid() != 0:
         raise Unavailable("a namespace cluster needs root (network namespaces, veths, tc)")
@@ -221,12 +212,12 @@ def cluster_up(spec: ClusterSpec, say: object = None, start_ray: bool = True) ->
         log(f"network up: {spec.nodes} namespaces on {BRIDGE}")
         head = f"{nodes[0].address}:{GCS_PORT}"
         if start_ray:
-            _ensure_token()
+            cluster_ray.ensure_token()
         for node in nodes if start_ray else ():
-            _start_ray(spec, node, head)
+            cluster_ray.start_ray(node, spec.cpus, head)
             log(f"ray node {node.index} started in {node.namespace}")
         if start_ray:
-            _wait_nodes(nodes[0], head, spec.nodes)
+            cluster_ray.wait_nodes(nodes[0], head, spec.nodes)
     except BaseException:
         cluster_down()
         raise
@@ -289,97 +280,6 @@ def _shape(spec: ClusterSpec, node: ClusterNode, nodes: tuple[ClusterNode, ...])
                 "flowid",
                 f"1:{minor}",
             )
-
-
-def _ensure_token() -> None:
-    """A Ray auth token for the nodes: ``RAY_AUTH_TOKEN`` if set, else ``~/.ray/auth_token``,
-    made now if missing (``ray start`` refuses to make one; on a fresh machine nothing has)."""
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return
-    proc = subprocess.run([_ray_exe(), "get-auth-token", "--generate"], capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0:
-        raise Unavailable(f"could not make a Ray auth token: {(proc.stderr or proc.stdout).strip()[-300:]}")
-
-
-def node_tmp(index: int) -> Path:
-    """What node ``index`` sees as ``/tmp/ray`` (a machine's own: Ray keeps its sockets and
-    logs there, and PIDs, which each node numbers from 1, name some of them)."""
-    return STATE_DIR / "nodes" / str(index)
-
-
-def _start_ray(spec: ClusterSpec, node: ClusterNode, head: str, timeout_s: float = 180.0) -> None:
-    """Start node ``node``'s Ray (``ray start --block``, which stays as the first process of
-    the node's PID namespace) and return once it is up; its output goes to ``ray.log`` in
-    :func:`node_tmp`."""
-    resources = json.dumps({f"graphflow-node-{node.index}": 1})
-    common = [
-        f"--node-ip-address={node.address}",
-        f"--num-cpus={spec.cpus}",
-        f"--resources={resources}",
-        "--disable-usage-stats",
-        "--block",
-    ]
-    if node.index == 0:
-        # NOTE: a temp dir of its own: Ray records a head's address in <temp>/ray_current_cluster, and an
-        # embedded `ray.init()` in the root namespace would otherwise try to join this cluster
-        role = [
-            "--head",
-            f"--port={GCS_PORT}",
-            f"--ray-client-server-port={CLIENT_PORT}",
-            "--include-dashboard=false",
-            f"--temp-dir={RAY_TEMP_DIR}",
-        ]
-    else:
-        role = [f"--address={head}"]
-    tmp = node_tmp(node.index)
-    tmp.mkdir(parents=True, exist_ok=True)
-    ray = shlex.join([_ray_exe(), "start", *role, *common])
-    cmd = [
-        *node.exec_prefix(),
-        "unshare",
-        "--pid",
-        "--ipc",
-        "--fork",
-        "--mount-proc",
-        "--propagation=private",
-        "env",
-        *(f"{k}={v}" for k, v in node.env().items()),
-        "bash",
-        "-c",
-        f"mkdir -p /tmp/ray && mount --bind {shlex.quote(str(tmp))} /tmp/ray && exec {ray}",
-    ]
-    log = tmp / "ray.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + timeout_s
-    while b"Ray runtime started" not in log.read_bytes():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            tail = log.read_text(errors="replace").strip()[-400:]
-            raise Unavailable(f"could not start the Ray node in {node.namespace}: {tail or 'no output'}")
-        time.sleep(0.2)
-
-
-def _wait_nodes(head_node: ClusterNode, head: str, n: int, timeout_s: float = 120.0) -> None:
-    probe = (
-        f"import ray; ray.init(address={head!r}, log_to_driver=False); print(sum(1 for x in ray.nodes() if x['Alive']))"
-    )
-    env = {**os.environ, **head_node.env()}
-    deadline = time.monotonic() + timeout_s
-    alive = 0
-    while time.monotonic() < deadline:
-        proc = subprocess.run(
-            [*head_node.exec_prefix(), sys.executable, "-c", probe],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
-        lines = proc.stdout.strip().splitlines()
-        alive = int(lines[-1]) if lines and lines[-1].isdigit() else 0
-        if alive >= n:
-            return
-        time.sleep(1.0)
-    raise Unavailable(f"only {alive} of {n} Ray nodes joined the cluster within {timeout_s:.0f} s")
 
 
 def harness_namespaces() -> list[str]:
@@ -465,7 +365,7 @@ def start_node(index: int) -> None:
     node = ClusterNode.of(index)
     if _namespace_pids(node.namespace):
         raise ValueError(f"node {index} is running; stop it first")
-    _start_ray(state.spec, node, state.head_address)
+    cluster_ray.start_ray(node, state.spec.cpus, state.head_address)
 
 
 def running_cluster() -> NamespaceCluster | None:
