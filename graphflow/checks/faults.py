@@ -157,7 +157,7 @@ class FaultSuite:
         time.sleep(0.5)  # NOTE: let Ray release the actor's name before it is created again
 
     def executor(self, favour_transfers: bool = False) -> WorkflowExecutor:
-        policy, links, bpt, key = self.calibration
+        policy, links, bpt, key = self.calibration[:4]
         if favour_transfers:  # prefill priced high and the link fast, so transfers are chosen
             policy, links = Policy(PrefillModel(0.0, 1e-2, 0.0)), LinkMatrix.uniform(LinkSpec("model", 1e12, 1e-5))
         return WorkflowExecutor(self.cluster, policy, links, bpt, key, self.decode)

@@ -29,19 +29,28 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     if repeats <= 0:
         raise ValueError(f"repeats must be positive, got {repeats}")
     fn()
+    return statistics.median(_timed(fn, repeats))
+
+
+def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
 def prefill_samples(engine: Engine, lengths: Sequence[int], repeats: int = 2) -> list[tuple[int, float]]:
-    """``(tokens, seconds)`` of a prefill from scratch, median of ``repeats`` after a warm-up."""
-    return [
-        (n, median_seconds(partial(engine.prefill, prompt_token_ids(engine.tokenizer, n)), repeats)) for n in lengths
-    ]
+    """``(tokens, seconds)`` of a prefill from scratch, the fastest of ``repeats``, after one
+    warm-up prefill of the first length. A warm-up at every length would add a third prefill
+    of the longest, the largest part of a calibration; a length's first run is 5-10% slower
+    (its larger buffers are fresh pages), which the fastest of two leaves out."""
+    if repeats <= 0:
+        raise ValueError(f"repeats must be positive, got {repeats}")
+    if lengths:
+        engine.prefill(prompt_token_ids(engine.tokenizer, lengths[0]))
+    return [(n, min(_timed(partial(engine.prefill, prompt_token_ids(engine.tokenizer, n)), repeats))) for n in lengths]
 
 
 def resume_samples(

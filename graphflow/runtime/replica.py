@@ -345,7 +345,7 @@ class ReplicaWorker:
         return MaterializeResult(self.config.name, len(ids), seconds, admit is not None, events, reused=cached)
 
     def prefill_seconds(self, lengths: Sequence[int], repeats: int = 2) -> list[tuple[int, float]]:
-        """Measured prefill times (median of ``repeats`` after a warm-up) for calibration."""
+        """Measured prefill times (the fastest of ``repeats``, after one warm-up) for calibration."""
         from graphflow.runtime.calibration import prefill_samples
 
         return prefill_samples(self.engine, lengths, repeats)

@@ -120,6 +120,20 @@ def test_calibrate_cluster_measures_a_link_that_grows_with_size(cluster):
     assert [n for n, _ in samples] == [1 << 16, 1 << 22] and all(t > 0 for _, t in samples)
 
 
+def test_a_later_calibration_measures_only_what_changed(cluster):
+    first = calibrate_cluster(cluster)
+    assert first.measured_now == ("costs", "replica-0>replica-1", "replica-1>replica-0")
+    assert first.costs_on == "replica-0" and dict(first.addresses).keys() == {"replica-0", "replica-1"}
+    again = calibrate_cluster(cluster, previous=first)  # same processes: everything still holds
+    assert again.measured_now == () and again.policy == first.policy and again.links.pairs == first.links.pairs
+    # replica-1 restarted (a new transport address): its pairs are measured, the costs kept
+    moved = first._replace(addresses=(("replica-0", dict(first.addresses)["replica-0"]), ("replica-1", "elsewhere")))
+    assert calibrate_cluster(cluster, previous=moved).measured_now == ("replica-0>replica-1", "replica-1>replica-0")
+    # another model's calibration (or another first replica) holds nothing
+    assert calibrate_cluster(cluster, previous=first._replace(model_key="other")).measured_now == first.measured_now
+    assert "costs" in calibrate_cluster(cluster, previous=first._replace(costs_on="replica-1")).measured_now
+
+
 def test_pinned_nodes_run_where_pinned_and_the_scheduler_still_moves_their_kv(cluster):
     ex = _executor(cluster, link_bw=1e12, prefill_b=1e-2)  # transfer beats recompute on the pinned replica
     gs = compile_workflow(references(load_corpus())["GSM8K"])
