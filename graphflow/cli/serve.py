@@ -88,6 +88,14 @@ def serve(
         False, "--replace", help="Shut down a running deployment of other settings instead of refusing."
     ),
     detach: bool = typer.Option(False, "--detach", help="Leave the deployment running and return."),
+    min_nodes: int = typer.Option(
+        0, help="Wait (up to 5 minutes) until this many Ray nodes are alive before placing replicas."
+    ),
+    recalibrate: bool = typer.Option(
+        False,
+        "--recalibrate",
+        help="On a running deployment, measure every cost and link again (default: only a restarted replica's).",
+    ),
     snapshot_dir: str = typer.Option(
         "", help="Where the KV manager snapshots its catalog ('' = $GRAPHFLOW_CACHE/manager-snapshot)."
     ),
@@ -98,9 +106,15 @@ def serve(
     from graphflow.models.fetch import cache_root
     from graphflow.models.registry import resolve
     from graphflow.runtime.actors import Deployment, RayCluster
-    from graphflow.runtime.cluster import connect, start_head
+    from graphflow.runtime.cluster import connect, start_head, wait_for_nodes
 
     resolve(model)
+    if min_nodes < 0 or (min_nodes > 1 and not address):
+        raise ValueError(
+            f"--min-nodes must be 0 or more, got {min_nodes}"
+            if min_nodes < 0
+            else "--min-nodes above 1 needs --address (a cluster workers join); a local head is one node"
+        )
     prefault = capacity_mib << 20 if prefault_mib < 0 else prefault_mib << 20
     Deployment(
         model,
@@ -125,6 +139,8 @@ def serve(
     else:
         head = start_head()
         ray = connect("auto")
+    if min_nodes:
+        wait_for_nodes(ray, min_nodes, say=say)
     say(f"starting {replicas} replicas of {model}")
     snapshots = snapshot_dir or str(cache_root() / "manager-snapshot")
     cluster = RayCluster.start(
@@ -148,8 +164,12 @@ def serve(
         templates=templates,
         recompute_fraction=recompute_fraction,
     )
-    say("measuring prefill and replica-to-replica transfer costs for the scheduler")
-    calibration = calibrate_cluster(cluster)
+    previous = None if recalibrate else cluster.shared(CALIBRATION_KEY)
+    say(
+        "measuring prefill and replica-to-replica transfer costs for the scheduler"
+        + (" (what changed since the deployment's last calibration)" if previous is not None else "")
+    )
+    calibration = calibrate_cluster(cluster, previous)
     cluster.share(CALIBRATION_KEY, calibration)
     info = {
         "address": head,
@@ -164,6 +184,7 @@ def serve(
         "device": device,
         "batching": not no_batching,
         "max_batch_tokens": max_batch_tokens if not no_batching else 0,
+        "measured": list(calibration.measured_now),  # "costs" and "src>dst" pairs this call measured
         "links": [
             {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
             for (a, b), ln in sorted(calibration.links.pairs.items())

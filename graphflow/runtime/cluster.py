@@ -13,7 +13,7 @@ from typing import Any
 
 from graphflow.runtime.errors import Unavailable
 
-__all__ = ["connect", "shutdown", "start_head", "start_local", "stop_head"]
+__all__ = ["connect", "shutdown", "start_head", "start_local", "stop_head", "wait_for_nodes"]
 
 
 def _ray() -> Any:
@@ -62,6 +62,26 @@ def connect(address: str, namespace: str = "graphflow") -> Any:
                 "head's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
             ) from None
     raise AssertionError("unreachable")
+
+
+def wait_for_nodes(ray: Any, n: int, timeout_s: float = 300.0, say: Any = None) -> int:
+    """Wait until ``n`` Ray nodes are alive (workers a batch script started still joining);
+    returns how many are. ``Unavailable`` when fewer joined within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    reported = -1
+    while True:
+        alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+        if alive >= n:
+            return alive
+        if time.monotonic() > deadline:
+            raise Unavailable(
+                f"only {alive} of {n} Ray nodes joined within {timeout_s:.0f} s; check the workers' "
+                "`ray start --address` output, or lower --min-nodes"
+            )
+        if say is not None and alive != reported:
+            say(f"{alive} of {n} Ray nodes alive; waiting for the rest")
+            reported = alive
+        time.sleep(1.0)
 
 
 def start_head(port: int = 6379, client_port: int = 10001) -> str:

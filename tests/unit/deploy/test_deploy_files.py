@@ -35,3 +35,5 @@ def test_slurm_script_is_valid_bash():
     assert "RAY_AUTH_MODE=token" in text and "graphflow serve" in text
     assert "--spread" in text and '--node-ip-address="$head_ip"' in text  # one replica per node, head reachable
     assert "UCX_TLS=${UCX_TLS:-" in text  # a cluster without InfiniBand sets its own transports
+    assert "ray get-auth-token --generate" in text  # `ray start` makes no token on a fresh cluster
+    assert "sleep 20" not in text and '--min-nodes "${#nodes[@]}"' in text  # waits for nodes, not a clock

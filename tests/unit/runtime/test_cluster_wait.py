@@ -1,0 +1,40 @@
+"""``wait_for_nodes``: a batch script's serve waits for its workers to join (no Ray here: a
+cluster whose ``nodes()`` answers grow as workers join)."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphflow.runtime.cluster import wait_for_nodes
+from graphflow.runtime.errors import Unavailable
+
+
+class Joining:
+    """``ray.nodes()`` of a cluster whose workers join one per call, up to ``total``."""
+
+    def __init__(self, total: int, dead: int = 0) -> None:
+        self.total, self.dead, self.calls = total, dead, 0
+
+    def nodes(self) -> list[dict[str, object]]:
+        self.calls += 1
+        alive = [{"Alive": True}] * min(self.calls, self.total)
+        return alive + [{"Alive": False}] * self.dead
+
+
+def test_it_returns_once_enough_nodes_are_alive(monkeypatch):
+    monkeypatch.setattr("graphflow.runtime.cluster.time.sleep", lambda _s: None)
+    said: list[str] = []
+    ray = Joining(3, dead=2)  # dead nodes never count
+    assert wait_for_nodes(ray, 3, say=said.append) == 3
+    assert ray.calls == 3 and said == [
+        "1 of 3 Ray nodes alive; waiting for the rest",
+        "2 of 3 Ray nodes alive; waiting for the rest",
+    ]
+
+
+def test_too_few_nodes_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr("graphflow.runtime.cluster.time.sleep", lambda _s: None)
+    with pytest.raises(Unavailable, match=r"only 2 of 4 Ray nodes joined within 0 s; .*lower --min-nodes"):
+        joined = Joining(2)
+        joined.calls = 1  # both workers are in already; nothing more comes
+        wait_for_nodes(joined, 4, timeout_s=0.0)
