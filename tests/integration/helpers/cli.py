@@ -10,10 +10,13 @@ import sys
 ENV = {**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"}
 
 
-def cli(*args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``graphflow ARGS``; with ``check`` a non-zero exit fails the test with its stderr."""
+def cli(
+    *args: str, timeout: int = 600, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``graphflow ARGS`` (in ``env``, default :data:`ENV`); with ``check`` a non-zero exit
+    fails the test with its stderr."""
     proc = subprocess.run(
-        [sys.executable, "-m", "graphflow.cli", *args], capture_output=True, text=True, env=ENV, timeout=timeout
+        [sys.executable, "-m", "graphflow.cli", *args], capture_output=True, text=True, env=env or ENV, timeout=timeout
     )
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
