@@ -12,6 +12,7 @@ measures its own.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -113,15 +114,12 @@ def calibrate_cluster(cluster: Any, previous: Calibration | None = None) -> Cali
         policy = _measure_costs(cluster, r0)
         fresh.append("costs")
     pairs = {}
-    for a in cluster.replicas:
-        for b in cluster.replicas:
-            if a == b:
-                continue
-            kept = previous.links.pairs.get((a, b)) if previous is not None and {a, b} <= same else None
-            if kept is None:
-                kept = measure_pair(cluster, a, b)
-                fresh.append(f"{a}>{b}")
-            pairs[(a, b)] = kept
+    for a, b in itertools.permutations(cluster.replicas, 2):
+        kept = previous.links.pairs.get((a, b)) if previous is not None and {a, b} <= same else None
+        if kept is None:
+            kept = measure_pair(cluster, a, b)
+            fresh.append(f"{a}>{b}")
+        pairs[(a, b)] = kept
     # one replica: transfers are never chosen; the default answers no pair
     links = LinkMatrix(pairs) if pairs else LinkMatrix({}, LinkSpec("none", 1.0, 1e9))
     bpt = cluster.get(cluster.call(r0, "kv_bytes_per_token"))
@@ -259,6 +257,12 @@ def connect(
             calibration = calibrate_cluster(cluster)
             cluster.share(CALIBRATION_KEY, calibration)
     served = cluster.deployment()
-    cal = calibration
-    executor = WorkflowExecutor(cluster, cal.policy, cal.links, cal.kv_bytes_per_token, cal.model_key, decode_steps)
+    executor = WorkflowExecutor(
+        cluster,
+        calibration.policy,
+        calibration.links,
+        calibration.kv_bytes_per_token,
+        calibration.model_key,
+        decode_steps,
+    )
     return Client(cluster, executor, served.templates if served is not None else templates)

@@ -109,12 +109,10 @@ def serve(
     from graphflow.runtime.cluster import connect, start_head, wait_for_nodes
 
     resolve(model)
-    if min_nodes < 0 or (min_nodes > 1 and not address):
-        raise ValueError(
-            f"--min-nodes must be 0 or more, got {min_nodes}"
-            if min_nodes < 0
-            else "--min-nodes above 1 needs --address (a cluster workers join); a local head is one node"
-        )
+    if min_nodes < 0:
+        raise ValueError(f"--min-nodes must be 0 or more, got {min_nodes}")
+    if min_nodes > 1 and not address:
+        raise ValueError("--min-nodes above 1 needs --address (a cluster workers join); a local head is one node")
     prefault = capacity_mib << 20 if prefault_mib < 0 else prefault_mib << 20
     Deployment(
         model,

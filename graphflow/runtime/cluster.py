@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from graphflow.runtime.errors import Unavailable
@@ -64,7 +65,7 @@ def connect(address: str, namespace: str = "graphflow") -> Any:
     raise AssertionError("unreachable")
 
 
-def wait_for_nodes(ray: Any, n: int, timeout_s: float = 300.0, say: Any = None) -> int:
+def wait_for_nodes(ray: Any, n: int, timeout_s: float = 300.0, say: Callable[[str], None] | None = None) -> int:
     """Wait until ``n`` Ray nodes are alive (workers a batch script started still joining);
     returns how many are. ``Unavailable`` when fewer joined within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

@@ -34,7 +34,7 @@ def test_it_returns_once_enough_nodes_are_alive(monkeypatch):
 
 def test_too_few_nodes_is_one_clear_error(monkeypatch):
     monkeypatch.setattr("graphflow.runtime.cluster.time.sleep", lambda _s: None)
+    joined = Joining(2)
+    joined.calls = 1  # both workers are in already; nothing more comes
     with pytest.raises(Unavailable, match=r"only 2 of 4 Ray nodes joined within 0 s; .*lower --min-nodes"):
-        joined = Joining(2)
-        joined.calls = 1  # both workers are in already; nothing more comes
         wait_for_nodes(joined, 4, timeout_s=0.0)
