@@ -176,6 +176,15 @@ class Client:
     def status(self) -> list[ReplicaStats]:
         return self.cluster.stats()
 
+    def clear_kv(self) -> int:
+        """Evict every KV state the replicas keep, except those a running node needs now, and
+        tell the manager; returns how many states went. Benchmarks start each trial from empty
+        stores with it, so a trial never finds (or is slowed by) an earlier trial's states."""
+        handles = [self.cluster.call(r, "clear_kv") for r in self.cluster.replicas]
+        events = [e for h in handles for e in self.cluster.get(h)]
+        self.cluster.manager("apply", events, self.executor.clock())
+        return len(events)
+
     def served_model(self, wanted: str = "") -> str:
         """The model this deployment serves; ``ValueError`` when ``wanted`` is set and differs."""
         served = self.status()[0].model

@@ -2,7 +2,8 @@
 
 On an embedded deployment (``connect()`` → executor → replica actors → manager → UCX), per k,
 one trial per system, each on a fresh root context of ``root_tokens`` tokens (fresh, so no trial
-reuses another's blocks):
+reuses another's blocks) and from empty stores (``Client.clear_kv``: no trial meets an earlier
+one's states):
 
 * ``ours`` — the root is prefilled on ``replica-0`` (an upstream agent computing it), then the
   k agents are submitted as one workflow and the scheduler places them: reuse on the holder, or
@@ -70,6 +71,7 @@ class MultiAgentBench:
         if system not in SYSTEMS:
             raise ValueError(f"unknown system {system!r}; use {', '.join(SYSTEMS)}")
         ex = self.client.executor
+        self.client.clear_kv()  # every trial starts from empty stores
         root = self.contexts.context(root_tokens)
         self.memory.start()
         prefill_s = 0.0

@@ -15,6 +15,7 @@ without it (the reference), in the same run:
   executor's: from its decision to its first token (queueing at the replica included).
   ``peak_rss_bytes``: the replicas' resident-memory growth over the timed part (peak after a
   reset, minus the start), summed; ``kv_bytes``: the bytes their block stores held at the end.
+  Every trial (each system at each count) starts from empty stores (``Client.clear_kv``).
 * **shared root** (``memory_agents`` > 0) — one workflow of ``memory_agents`` agents over one
   ``memory_root``-token context, all on the replica that holds it: its peak growth against the
   same agents with KV reuse off (each agent prefills and holds the whole context: dense).
@@ -140,6 +141,7 @@ class ServeBench:
     # ---- throughput ----------------------------------------------------------------------
     def throughput(self, workflows: int, root_tokens: int, agents: int, system: str = "ours") -> ServeRow:
         ex = self.client.executor
+        self.client.clear_kv()  # every trial starts from empty stores
         graph = agents_graph(agents)
         roots = [self.contexts.context(root_tokens) for _ in range(workflows)]
         for i, root in enumerate(roots):  # computed upstream: not timed
@@ -192,6 +194,7 @@ class ServeBench:
     def shared_root(self, agents: int, root_tokens: int, reuse: bool) -> MemoryRow:
         """``agents`` agents over one context, all on the holder; ``reuse=False``: dense."""
         ex = self.client.executor
+        self.client.clear_kv()
         graph = agents_graph(agents)
         root = self.contexts.context(root_tokens)
         pin = {ROOT: HOLDER, **{n.id: HOLDER for n in graph.nodes}}

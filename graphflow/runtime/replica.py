@@ -483,6 +483,10 @@ class ReplicaWorker:
     def release(self, state_id: str) -> int:
         return self.kept.release(state_id)
 
+    def clear_kv(self) -> list[EvictEvent]:
+        """Evict every kept state a ready node does not need now (the manager's events)."""
+        return self.kept.clear()
+
     def info(self) -> ReplicaInfo:
         """How the manager registers this replica."""
         return ReplicaInfo(

@@ -119,6 +119,12 @@ class ReplicaStore:
         """Release every state holding ``key`` (a corrupt block); returns the evictions."""
         return [self.evict(sid) for sid in self.holders(key)]
 
+    def clear(self) -> list[EvictEvent]:
+        """Evict every kept state except those a ready node needs now; returns the evictions."""
+        with self.lock:
+            protect = self.held.needed_now()
+            return [self.evict(sid) for sid in list(self.held) if sid not in protect]
+
     def release(self, state_id: str) -> int:
         with self.lock:
             self.held.remove(state_id)

@@ -5,17 +5,11 @@ import json
 import pytest
 
 from graphflow.checks.e2e import run_e2e_check
-from graphflow.client import Client, calibrate_cluster
-from graphflow.runtime.executor import WorkflowExecutor
-from graphflow.runtime.local import LocalCluster
 
 
 @pytest.fixture(scope="module")
-def client():
-    cluster = LocalCluster("tiny-llama", replicas=2)
-    cal = calibrate_cluster(cluster)
-    yield Client(cluster, WorkflowExecutor(cluster, cal.policy, cal.links, cal.kv_bytes_per_token, cal.model_key, 2))
-    cluster.close()
+def client(local_client):
+    return local_client
 
 
 def test_the_check_compares_reuse_on_with_off_and_passes_on_identical_outputs(client):

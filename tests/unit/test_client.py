@@ -1,0 +1,50 @@
+"""Client calls on in-process replicas (the same executor, replica and manager code as served)."""
+
+import pytest
+
+from graphflow.bench.serve import agents_graph
+from graphflow.bench.systems import run_as
+from graphflow.client import Client
+
+
+@pytest.fixture(scope="module")
+def client(local_client):
+    return local_client
+
+
+def _kept(client: Client) -> tuple[int, int, int]:
+    """(states, store bytes, bytes the manager believes held), over the replicas."""
+    workers = client.cluster.workers
+    return (
+        sum(w.stats().states for w in workers.values()),
+        sum(w.stats().used_bytes for w in workers.values()),
+        sum(client.cluster.manager("used_bytes", r) for r in workers),
+    )
+
+
+def test_clear_kv_empties_every_store_and_the_manager_forgets_it(client):
+    ex, replicas = client.executor, client.cluster.replicas
+    root = client.cluster.workers[replicas[0]].encode("A shared context the agents all continue. " * 30)
+    first = run_as("ours", ex, agents_graph(2), root, replicas, replicas[0])
+    states, used, believed = _kept(client)
+    assert states > 0 and used > 0 and believed > 0
+    assert client.clear_kv() == states
+    assert _kept(client) == (0, 0, 0)
+    # nothing of the first run is found again: the root is prefilled anew, the outputs unchanged
+    again = run_as("ours", ex, agents_graph(2), root, replicas, replicas[0])
+    assert again.outputs == first.outputs
+    assert again.trace[0].prefill_tokens == len(root)
+    assert client.clear_kv() > 0 and client.clear_kv() == 0
+
+
+def test_clear_kv_keeps_a_state_a_ready_node_needs(client):
+    w = client.cluster.workers[client.cluster.replicas[0]]
+    w.materialize("needed:ROOT", w.encode("context a ready node reads next. " * 8))
+    w.materialize("idle:ROOT", w.encode("context nothing reads any more. " * 8))
+    w.kept.held.note_next_use("needed", (("needed:ROOT", 0),))
+    try:
+        assert [e.state_id for e in w.clear_kv()] == ["idle:ROOT"]
+        assert list(w.kept.held) == ["needed:ROOT"]
+    finally:
+        w.end_run("needed")
+        w.clear_kv()
