@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -150,8 +151,10 @@ def served_args(
 
 
 def progress(as_json: bool) -> Callable[[str], None]:
-    """Where a served study says what it is doing: stdout, or nowhere under ``--json``."""
-    return (lambda _m: None) if as_json else (lambda m: print(f"… {m}", flush=True))
+    """Where a served study says what it is doing: stdout, or stderr under ``--json`` (whose
+    stdout is the one JSON line)."""
+    out = sys.stderr if as_json else sys.stdout
+    return lambda m: print(f"… {m}", file=out, flush=True)
 
 
 def publish_served(
