@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from transport.errors import TransferTimeout, WireFormatError
+from transport.errors import TransferAborted, TransferTimeout, WireFormatError
 from transport.wire import (
     BlockHeader,
     WireLimits,
@@ -123,6 +123,9 @@ class TransportConfig:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
 
 
+ABORTS_KEPT = 1024  # aborts remembered for receives that have not started yet
+
+
 class Transport(ABC):
     """A backend endpoint in this process. Async-first; ``send``/``recv`` are sync wrappers
     that run on the transport's own event-loop thread, or, for a backend whose state any
@@ -137,6 +140,9 @@ class Transport(ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._abort_lock = threading.Lock()
+        self._receiving: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = {}
+        self._aborted: dict[int, str] = {}  # transfer id → why, until its receive sees it
 
     @property
     @abstractmethod
@@ -206,7 +212,48 @@ class Transport(ABC):
         return self._run(self.asend(spec, headers, tensors))
 
     def recv(self, spec: TransferSpec, into: Sequence[torch.Tensor] | None = None) -> Received:
-        return self._run(self.arecv(spec, into))
+        """Receive (see :meth:`arecv`); :meth:`abort_recv` from another thread calls it off.
+
+        Raises:
+            TransferAborted: the transfer was aborted, before or while this receive ran.
+        """
+        return self._run(self._abortable(spec.transfer_id, self.arecv(spec, into)))
+
+    def abort_recv(self, transfer_id: int, why: str) -> None:
+        """Call off the receive of ``transfer_id`` (its sender failed, so nothing will come): a
+        running one stops as at its deadline, with :class:`TransferAborted` instead of a timeout;
+        one not started yet fails as soon as it starts. Any thread may call it."""
+        with self._abort_lock:
+            self._aborted[transfer_id] = why
+            while len(self._aborted) > ABORTS_KEPT:  # NOTE: receives that never started
+                del self._aborted[next(iter(self._aborted))]
+            running = self._receiving.get(transfer_id)
+        if running is not None:
+            loop, task = running
+            loop.call_soon_threadsafe(task.cancel)
+
+    async def _abortable(self, transfer_id: int, coro: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        with self._abort_lock:
+            why = self._aborted.pop(transfer_id, None)
+            if why is None:
+                self._receiving[transfer_id] = (asyncio.get_running_loop(), task)
+        if why is not None:
+            coro.close()
+            raise TransferAborted(f"{self.name}: receive of transfer {transfer_id} aborted: {why}")
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            with self._abort_lock:
+                why = self._aborted.pop(transfer_id, None)
+            if why is None:
+                raise
+            task.uncancel()
+            raise TransferAborted(f"{self.name}: receive of transfer {transfer_id} aborted: {why}") from None
+        finally:
+            with self._abort_lock:
+                self._receiving.pop(transfer_id, None)
 
     def close(self) -> None:
         """Release resources and stop the background loop; the transport is unusable after."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ChecksumMismatch",
+    "TransferAborted",
     "PeerUnreachable",
     "TransferTimeout",
     "TransportError",
@@ -25,6 +26,10 @@ class PeerUnreachable(TransportError):
 
 class TransferTimeout(TransportError):
     """The transfer did not complete within its configured timeout."""
+
+
+class TransferAborted(TransportError):
+    """The receive was called off before it completed (its sender failed); nothing was received."""
 
 
 class ChecksumMismatch(TransportError):

@@ -6,7 +6,9 @@ involves no KV state at all). A scenario *completes* when every request it sends
 its *outputs are correct* when they equal the reference token for token (exact mode).
 
 1. ``replica-dies`` — a replica actor is killed after the first node, while others run on it.
-2. ``transfer-fails`` — the source replica drops its next send; the receiver times out.
+2. ``transfer-fails`` — the source replica drops its next send (the receiver times out), then,
+   on a fresh deployment, its send fails as if its blocks were evicted (the executor calls the
+   receive off: the node is recomputed at once, not at the deadline).
 3. ``corrupt-bytes`` — a byte flips on the wire (after the checksum), then in stored blocks.
 4. ``manager-restart`` — the KV manager actor is killed mid-workflow; the next call restarts
    it from its last Parquet snapshot plus what the replicas report holding.
@@ -228,7 +230,14 @@ class FaultSuite:
         return ScenarioResult(name, True, self.correct(task, result), detail)
 
     def transfer_fails(self) -> ScenarioResult:
-        return self._transfer_fault("transfer-fails", "drop-send")
+        dropped = self._transfer_fault("transfer-fails", "drop-send")
+        lost = self._transfer_fault("transfer-fails", "lose-send")
+        return ScenarioResult(
+            "transfer-fails",
+            dropped.completed and lost.completed,
+            dropped.outputs_correct and lost.outputs_correct,
+            f"send dropped: {dropped.detail} | blocks lost at the source: {lost.detail}",
+        )
 
     def corrupt_bytes(self) -> ScenarioResult:
         wire = self._transfer_fault("corrupt-bytes", "corrupt-send")

@@ -141,6 +141,10 @@ class ReplicaActor(ReplicaWorker):
     def end_run(self, run_id: str) -> None:  # type: ignore[override]
         super().end_run(run_id)
 
+    @ray.method(concurrency_group=STATUS_GROUP)  # NOTE: the node it frees holds one of the node threads
+    def cancel_receive(self, transfer_id: int, why: str) -> None:  # type: ignore[override]
+        super().cancel_receive(transfer_id, why)
+
 
 def _live_replicas(ray: Any, manager: Any) -> tuple[dict[str, Any], list[str]]:
     """The manager's replicas whose actors still exist (handles), and those that are gone

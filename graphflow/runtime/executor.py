@@ -241,6 +241,7 @@ class WorkflowExecutor:
         outputs: dict[str, tuple[int, ...]] = {}
         decisions: list[Decision] = []
         in_flight: dict[Any, tuple[str, Decision, list[Any], float, float]] = {}  # + decided at, decide s
+        sending: dict[Any, tuple[str, int]] = {}  # a transfer's send handle → (receiver, transfer id)
         load = {r: 0 for r in c.replicas}  # this run's nodes in flight on each replica
         transferring: dict[str, tuple[int, ...]] = {}  # replica → the prefix a transfer in flight brings it
         retry: dict[str, str] = {}  # node → why its last attempt failed (it is recomputed)
@@ -308,12 +309,18 @@ class WorkflowExecutor:
                     continue  # decided again on the replicas that are left
                 if d.option is Option.TRANSFER:
                     transferring[d.replica] = tuple(ctx[: d.source_tokens])
+                    sending[handles[1]] = (d.replica, plan.transfer_id)
                 in_flight[handles[0]] = (nid, d, handles, t0, time.perf_counter() - t0)
                 load[d.replica] += 1
             if not in_flight:
                 continue
-            done = c.wait_one(list(in_flight))
+            done = c.wait_one([*in_flight, *sending])
+            if done in sending:
+                self._sent(done, *sending.pop(done))
+                continue
             nid, d, handles, t0, decide_s = in_flight.pop(done)
+            for h in handles[1:]:
+                sending.pop(h, None)
             load[d.replica] -= 1
             if d.option is Option.TRANSFER:
                 transferring.pop(d.replica, None)
@@ -546,6 +553,17 @@ class WorkflowExecutor:
         if tries > len(c.replicas) + 1:
             raise Unavailable(f"node failed {tries} times, last because {why}") from exc
         return f"{why}; recomputed"
+
+    def _sent(self, send: Any, receiver: str, transfer_id: int) -> None:
+        """A send finished before its node: when it failed, the receiver is told at once, so
+        the node fails now (and is recomputed) instead of at the transfer deadline. The send's
+        own error is handled with the node's (``_finish_sends``)."""
+        try:
+            self.cluster.get(send)
+        except Exception as exc:
+            if receiver in self.cluster.replicas:  # NOTE: not awaited; a lost receiver fails its node anyway
+                why = f"the sender failed ({type(root_cause(exc)).__name__})"
+                self.cluster.call(receiver, "cancel_receive", transfer_id, why)
 
     def _finish_sends(self, d: Decision, sends: list[Any]) -> None:
         """Collect the source replica's send; a source that died meanwhile is dropped."""

@@ -413,14 +413,21 @@ class ReplicaWorker:
         _, evicted = self.kept.store_state(blocks, Lineage("transfer"), f"{plan.state_id}:transfer", ids[:n])
         return evicted
 
-    FAULTS = ("drop-send", "corrupt-send", "corrupt-store")
+    def cancel_receive(self, transfer_id: int, why: str) -> None:
+        """The sender of ``transfer_id`` failed: the node waiting for its blocks stops waiting now
+        (``TransferAborted``) instead of at the transfer deadline."""
+        self.transport.abort_recv(transfer_id, why)
+
+    FAULTS = ("drop-send", "corrupt-send", "corrupt-store", "lose-send")
 
     def inject_fault(self, fault: str) -> None:
         """Fault injection for ``graphflow check faults``: the next send misbehaves once.
 
         ``drop-send`` sends nothing (the receiver times out); ``corrupt-send`` flips one payload
         byte after the checksums were taken (the receiver's verification must catch it);
-        ``corrupt-store`` flips one byte of every stored block now, in place (reuse must catch it).
+        ``corrupt-store`` flips one byte of every stored block now, in place (reuse must catch it);
+        ``lose-send`` fails the send as if the blocks were evicted first (``MissingBlocks``: the
+        executor must call the receive off).
         """
         if fault not in self.FAULTS:
             raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(self.FAULTS)}")
@@ -451,6 +458,8 @@ class ReplicaWorker:
         fault = self._faults.pop(0) if self._faults else ""
         if fault == "drop-send":
             return 0
+        if fault == "lose-send":
+            raise MissingBlocks(f"replica {self.config.name} lost the blocks asked for (injected fault)")
         if fault == "corrupt-send":
             from graphflow.kv.codec import to_wire
 

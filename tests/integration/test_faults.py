@@ -39,7 +39,9 @@ def test_nothing_is_lost(report):
     assert report["scenarios"] == len(SCENARIOS) == report["passed"]
     assert report["lost_requests"] == 0
     fallbacks = {r["name"]: r["detail"] for r in report["rows"]}
-    assert "TransferTimeout" in fallbacks["transfer-fails"] and "ChecksumMismatch" in fallbacks["corrupt-bytes"]
+    dropped, lost = fallbacks["transfer-fails"].split(" | ")
+    assert "TransferTimeout" in dropped and "ChecksumMismatch" in fallbacks["corrupt-bytes"]
+    assert "TransferAborted" in lost and "TransferTimeout" not in lost  # called off, not waited out
     assert "32 concurrent workflows" in fallbacks["load"]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from graphflow.runtime.executor import WorkflowExecutor
@@ -44,6 +46,25 @@ def test_a_failed_transfer_falls_back_to_recompute(cluster, fault):
     assert all(why in t.note and t.decision == "recompute" for t in failed)
     assert result.outputs == _reference(cluster, gs, ids)
     cluster.manager("check_integrity")
+
+
+def test_a_sender_that_lost_its_blocks_calls_the_receive_off_before_its_deadline():
+    slow = LocalCluster("tiny-llama", replicas=2, timeout_s=60.0)  # a receive left waiting would show
+    try:
+        gs = compile_workflow(references(load_corpus())["GSM8K"])
+        ids = slow.workers["replica-0"].encode(TASK)
+        for w in slow.workers.values():
+            w.inject_fault("lose-send")
+        begin = time.perf_counter()
+        result = _executor(slow).run(gs, ids, "t-lose-send")
+        assert time.perf_counter() - begin < 30.0
+        failed = [t for t in result.trace if t.note]
+        assert failed, "a transfer was expected to be chosen and its sender to fail"
+        assert all("TransferAborted" in t.note and t.decision == "recompute" for t in failed)
+        assert result.outputs == _reference(slow, gs, ids)
+        slow.manager("check_integrity")
+    finally:
+        slow.close()
 
 
 def test_a_replica_lost_mid_workflow_does_not_lose_the_workflow(cluster):

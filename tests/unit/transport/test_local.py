@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import concurrent.futures as cf
 import gc
 import threading
 import time
@@ -11,7 +12,7 @@ import torch
 
 from transport import local, message, wire
 from transport.base import TransferSpec, TransportConfig
-from transport.errors import ChecksumMismatch, PeerUnreachable, TransferTimeout, WireFormatError
+from transport.errors import ChecksumMismatch, PeerUnreachable, TransferAborted, TransferTimeout, WireFormatError
 from transport.layout import MESSAGE_BYTES, message_runs
 from transport.local import LocalTransport
 from transport.memory import host_arena
@@ -121,6 +122,37 @@ def test_a_side_that_gave_up_is_not_matched_later(pair):
     with pytest.raises(TransferTimeout):  # and the late receive of that send finds no sender
         b.recv(TransferSpec.for_headers(6, a.address, headers))
     assert not local._FABRIC.channels
+
+
+def test_an_aborted_receive_stops_at_once_and_its_slots_are_withdrawn(pair):
+    a, b = pair
+    headers, tensors = _blocks()
+    a.config = b.config = TransportConfig(timeout_s=30.0)
+    spec = TransferSpec.for_headers(9, a.address, headers)
+    waiting = cf.ThreadPoolExecutor(1).submit(b.recv, spec)
+    time.sleep(0.2)  # the receive is posted and waiting for a sender that failed
+    begin = time.perf_counter()
+    b.abort_recv(9, "the sender lost its blocks")
+    with pytest.raises(TransferAborted, match="the sender lost its blocks"):
+        waiting.result(timeout=5)
+    assert time.perf_counter() - begin < 2.0
+    a.config = b.config = TransportConfig(timeout_s=0.2)
+    with pytest.raises(TransferTimeout):  # a late send finds no receiver waiting
+        a.send(TransferSpec.for_headers(9, b.address, headers), headers, tensors)
+    assert not local._FABRIC.channels
+
+
+def test_a_receive_aborted_before_it_starts_fails_when_it_does(pair):
+    a, b = pair
+    b.abort_recv(11, "the sender failed")
+    with pytest.raises(TransferAborted, match="transfer 11 aborted: the sender failed"):
+        b.recv(TransferSpec(11, a.address, (1,), (64,)))
+    headers, tensors = _blocks(1)  # the abort is used up: the next transfer of that id runs
+    a.config = b.config = TransportConfig(timeout_s=5.0)
+    sent = cf.ThreadPoolExecutor(1).submit(a.send, TransferSpec.for_headers(11, b.address, headers), headers, tensors)
+    got = b.recv(TransferSpec.for_headers(11, a.address, headers))
+    sent.result(timeout=5)
+    assert torch.equal(got.tensors[0], tensors[0])
 
 
 def test_unknown_peer(pair):
