@@ -4,19 +4,13 @@ import pytest
 
 from graphflow.bench.serve import agents_graph
 from graphflow.bench.systems import SYSTEMS, run_as
-from graphflow.client import calibrate_cluster
-from graphflow.runtime.executor import WorkflowExecutor
-from graphflow.runtime.local import LocalCluster
 
 HOLDER_HERE = "replica-0"
 
 
 @pytest.fixture(scope="module")
-def served():
-    cluster = LocalCluster("tiny-llama", replicas=2)
-    cal = calibrate_cluster(cluster)
-    yield cluster, WorkflowExecutor(cluster, cal.policy, cal.links, cal.kv_bytes_per_token, cal.model_key, 2)
-    cluster.close()
+def served(local_client):
+    return local_client.cluster, local_client.executor
 
 
 def test_each_system_runs_the_same_agents_and_the_baselines_move_nothing(served):
