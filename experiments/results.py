@@ -27,12 +27,13 @@ MIB = 1 << 20
 
 def _ttft(folder: Path) -> list[str]:
     out = [
-        "| model | context | decision | bytes moved | ours (served) s | dense (served) s | dense ÷ ours |",
-        "|---|---|---|---|---|---|---|",
+        "| model | context | agent prompt tokens | decision | bytes moved | ours (served) s | dense (served) s "
+        "| dense ÷ ours |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in read_csv(folder / "served.csv"):
         out.append(
-            f"| {r['model']} | {r['context']} | {r['decision']} | {int(r['served_bytes']):,} "
+            f"| {r['model']} | {r['context']} | {r['suffix']} | {r['decision']} | {int(r['served_bytes']):,} "
             f"| {float(r['served_s']):.3f} | {float(r['served_dense_s']):.2f} "
             f"| {float(r['served_dense_over_served']):.1f} |"
         )

@@ -128,7 +128,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=None, help="(default: qwen2-0.5b-shape,smollm2-135m; --served: smollm2-135m)")
     p.add_argument("--contexts", default=None, help="tokens (default: 1024,4096,8192,16384; --served: 1024,4096)")
-    p.add_argument("--suffix", type=int, default=64, help="the agent's own prompt tokens")
+    p.add_argument("--suffix", type=int, default=64, help="the agent's own prompt tokens (scripted and --served)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="smollm2-135m at 256 and 1024 tokens, 1 repeat (≤ 60 s)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
@@ -179,15 +179,15 @@ def _served(args: argparse.Namespace) -> None:
     models = (args.models or "smollm2-135m").split(",")
     contexts = [int(c) for c in (args.contexts or "1024,4096").split(",")]
     threads = args.threads or torch.get_num_threads()
-    if args.repeats < 1 or any(c < 16 for c in contexts):
-        raise SystemExit("--served takes contexts of at least 16 tokens and --repeats ≥ 1")
+    if args.repeats < 1 or args.suffix < 1 or any(c < 16 for c in contexts):
+        raise SystemExit("--served takes contexts of at least 16 tokens, --suffix and --repeats ≥ 1")
     repeats = max(args.repeats, 3)
     rows: list[dict[str, Any]] = []
     deployments: dict[str, Any] = {}
     for model in models:
         if not args.json:
             print(f"served: {model} at {contexts}, {repeats} repeats, {threads} torch threads per process")
-        served = served_rows(model, contexts, repeats, threads, args.capacity_mib)
+        served = served_rows(model, contexts, repeats, threads, args.capacity_mib, args.suffix)
         if not served["rows"]:
             raise SystemExit(f"{model} holds none of the contexts {contexts}; ask for shorter ones")
         suffix = served["rows"][0]["suffix"]
@@ -246,14 +246,15 @@ def served_row(model: str, served: dict[str, Any], scripted: dict[str, Any]) -> 
 
 def served_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| model | context | decision | served s | replica-side s | decide ms | scripted transfer s "
-        "| served ÷ scripted | served dense s | served dense ÷ served |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | context | suffix | decision | served s | replica-side s | receive s | prefill s | decide ms "
+        "| scripted transfer s | served ÷ scripted | served dense s | served dense ÷ served |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['context']} | {r['decision']} | {float(r['served_s']):.3f} "
-            f"| {float(r['served_replica_s']):.3f} | {float(r['served_decide_s']) * 1e3:.1f} "
+            f"| {r['model']} | {r['context']} | {r['suffix']} | {r['decision']} | {float(r['served_s']):.3f} "
+            f"| {float(r['served_replica_s']):.3f} | {float(r['served_receive_s']):.3f} "
+            f"| {float(r['served_prefill_s']):.3f} | {float(r['served_decide_s']) * 1e3:.1f} "
             f"| {float(r['ours_s']):.3f} | {float(r['served_over_scripted']):.2f} "
             f"| {float(r['served_dense_s']):.3f} | {float(r['served_dense_over_served']):.1f} |"
         )

@@ -11,7 +11,10 @@ the upstream blocks over UCX). Per node the executor's trace gives
   round trip, placement) to the replica's first token, Ray calls both ways included;
 * ``served_replica`` — the replica's own ``ttft_s``: from its call starting to its first token
   (receive, cache rebuild, the suffix's prefill);
-* ``served_dense`` — the same node with reuse off on the same replica (everything prefilled).
+* ``served_dense`` — the same node with reuse off on the same replica (everything prefilled);
+* ``served_{lookup,receive,rebuild,prefill}`` — the replica-side time split into its phases
+  (``NodeTrace.phases``): the store lookup, the UCX receive, the cache rebuild from the received
+  blocks, the suffix's prefill to the first token.
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ from graphflow.client import connect
 __all__ = ["served_rows"]
 
 HOLDER, AGENT = "graphflow-replica-0", "graphflow-replica-1"
-SUFFIX_ROOM = 256  # positions left for the agent's own prompt and its first token
+FIRST_TOKEN_PHASES = ("lookup", "receive", "rebuild", "prefill")  # the replica's phases up to its first token
 
 
-def served_rows(model: str, contexts: list[int], repeats: int, threads: int, capacity_mib: int) -> dict[str, Any]:
+def served_rows(
+    model: str, contexts: list[int], repeats: int, threads: int, capacity_mib: int, suffix: int
+) -> dict[str, Any]:
     """Median served TTFTs per context (after one warm-up), and what the deployment was;
-    contexts the model cannot hold (``max_position_embeddings``) are left out."""
+    contexts the model cannot hold (``max_position_embeddings``) are left out. The agent's
+    prompt is cut to ``suffix`` of the model's tokens."""
     client = connect(
         None,
         model=model,
@@ -41,22 +47,24 @@ def served_rows(model: str, contexts: list[int], repeats: int, threads: int, cap
         prefault_mib=capacity_mib,
     )
     try:
-        agent = PinnedAgent(client)
+        agent = PinnedAgent(client, prompt_tokens=suffix)
         stats = {s.replica: s for s in client.status()}
         limit = client.cluster.get(client.cluster.call(AGENT, "max_positions"))
         rows = []
         for n in contexts:
-            if limit and n + SUFFIX_ROOM > limit:
+            if limit and n + suffix + 1 > limit:
                 continue  # the model cannot hold this context (and the agent's suffix)
             parts: dict[str, list[float]] = {
                 "served": [],
                 "served_replica": [],
                 "served_decide": [],
                 "served_dense": [],
+                **{f"served_{phase}": [] for phase in FIRST_TOKEN_PHASES},
             }
             decisions, moved, same = set(), set(), []
             for r in range(repeats + 1):
-                on, off = agent.run(n, AGENT, holder=HOLDER), agent.run(n, AGENT)
+                context = agent.context(n)  # both runs read the same tokens: their first tokens compare
+                on, off = agent.run(n, AGENT, holder=HOLDER, context=context), agent.run(n, AGENT, context=context)
                 decisions.add(on.trace.decision)
                 moved.add(on.trace.bytes_moved)
                 same.append(on.first_token == off.first_token)
@@ -65,6 +73,9 @@ def served_rows(model: str, contexts: list[int], repeats: int, threads: int, cap
                     parts["served_replica"].append(on.trace.ttft_s)
                     parts["served_decide"].append(on.trace.decide_s)
                     parts["served_dense"].append(off.trace.first_token_s)
+                    for phase, s in on.trace.phases:
+                        if phase in FIRST_TOKEN_PHASES:
+                            parts[f"served_{phase}"].append(s)
             rows.append(
                 {
                     "context": n,
@@ -72,7 +83,8 @@ def served_rows(model: str, contexts: list[int], repeats: int, threads: int, cap
                     "decision": "+".join(sorted(decisions)),
                     "served_bytes": max(moved),
                     "served_same_first_token": all(same),
-                    **{f"{k}_s": statistics.median(v) for k, v in parts.items()},
+                    # a phase that never ran (no receive on a reuse) took no time
+                    **{f"{k}_s": statistics.median(v) if v else 0.0 for k, v in parts.items()},
                 }
             )
         return {

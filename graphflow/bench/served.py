@@ -12,6 +12,7 @@ upstream context of its own (shifted by whole blocks), so no replica already hol
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from graphflow.client import Client, new_run_id
@@ -20,9 +21,28 @@ from graphflow.runtime.executor import NodeTrace
 from graphflow.workflow.compile import ROOT, ExecGraph, ExecNode
 from scheduler.policy import Decision, Option
 
-__all__ = ["AGENT_TEXT", "AgentRun", "PinnedAgent"]
+__all__ = ["AGENT_TEXT", "AgentRun", "PinnedAgent", "text_of_tokens"]
 
 AGENT_TEXT = "\nNext agent: check the reasoning above and give the final answer as a number.\n" * 4
+
+
+def text_of_tokens(encode: Callable[[str], list[int]], tokens: int, text: str = AGENT_TEXT) -> str:
+    """The longest prefix of ``text`` (repeated as often as needed) that ``encode`` turns into
+    at most ``tokens`` tokens: an agent prompt of a given length in any model's tokenizer (one
+    model spends a token per character, another one per word)."""
+    if tokens < 1:
+        raise ValueError(f"the agent's prompt needs at least 1 token, got {tokens}")
+    if not text:
+        raise ValueError("the text to take the agent's prompt from is empty")
+    while len(encode(text)) <= tokens:
+        text += text  # NOTE: every extra token needs at least one character, so this ends
+    lo, hi = 0, len(text)  # encode(text[:lo]) fits, encode(text[:hi]) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if len(encode(text[:mid])) <= tokens else (lo, mid)
+    if lo == 0:
+        raise ValueError(f"no prefix of the agent's text encodes to {tokens} tokens or fewer")
+    return text[:lo]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +55,17 @@ class AgentRun:
 class PinnedAgent:
     """Runs the agent node of one context length at a time on a deployment (see the module doc)."""
 
-    def __init__(self, client: Client, template: str = AGENT_TEXT) -> None:
+    def __init__(self, client: Client, template: str = AGENT_TEXT, prompt_tokens: int = 0) -> None:
+        """``prompt_tokens`` (when > 0) cuts ``template`` to that many of the served model's
+        tokens, so the agent's prompt has the same length whatever the tokenizer."""
         self.client = client
+        self._shift = itertools.count(16, 16)  # NOTE: whole blocks: every call's chain of block keys is new
+        self._encoded: dict[str, list[int]] = {}
+        if prompt_tokens > 0:
+            template = text_of_tokens(self.encode, prompt_tokens, template)
         self.graph = ExecGraph(
             (ExecNode("agent", "Custom", "REVIEW", template, (), ROOT),), (), ((ROOT, "agent"),), ("agent",)
         )
-        self._shift = itertools.count(16, 16)  # NOTE: whole blocks: every call's chain of block keys is new
-        self._encoded: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
         """The served model's tokenizer, asked through a replica once per text (no model is
@@ -56,10 +80,13 @@ class PinnedAgent:
         shift = next(self._shift)
         return prompt_token_ids(self, n + shift)[shift:]
 
-    def run(self, n: int, agent: str, holder: str = "", force: Option | None = None) -> AgentRun:
-        """The agent over a fresh ``n``-token context on ``agent``; with ``holder`` the context is
-        materialized there first (reuse on), without it every token is prefilled on ``agent``."""
-        tokens = self.context(n)
+    def run(
+        self, n: int, agent: str, holder: str = "", force: Option | None = None, context: list[int] | None = None
+    ) -> AgentRun:
+        """The agent over a fresh ``n``-token context on ``agent`` (or over ``context``, to compare
+        two runs on the same tokens); with ``holder`` the context is materialized there first
+        (reuse on), without it every token is prefilled on ``agent``."""
+        tokens = self.context(n) if context is None else context
         ex = self.client.executor
         if holder:
             got = ex.run(self.graph, tokens, new_run_id(), pin={ROOT: holder, "agent": agent}, force=force)

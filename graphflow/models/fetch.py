@@ -9,6 +9,7 @@ loads take well under a second. No model hub is contacted.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -67,10 +68,27 @@ def _find_gguf(download_dir: Path, say: Callable[[str], None]) -> Path:
 
 
 def ensure_smollm2(say: Callable[[str], None] = lambda _msg: None) -> Path:
-    """Return a folder holding a converted SmolLM2-135M-Instruct checkpoint, building it once."""
+    """Return a folder holding a converted SmolLM2-135M-Instruct checkpoint, building it once.
+
+    Processes that start together (a deployment's replicas on a fresh machine) take a file lock
+    in turn: the first converts, the others find its checkpoint; none replaces a folder another
+    may be loading from."""
     target = cache_root() / "models" / "smollm2-135m"
-    if (target / "model.safetensors").is_file() and (target / "config.json").is_file():
+    if _converted(target):
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".smollm2-135m.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # NOTE: released when the file closes, also on an error
+        if not _converted(target):
+            _convert(target, say)
+    return target
+
+
+def _converted(target: Path) -> bool:
+    return (target / "model.safetensors").is_file() and (target / "config.json").is_file()
+
+
+def _convert(target: Path, say: Callable[[str], None]) -> None:
     gguf = _find_gguf(cache_root() / "downloads", say)
     say(f"converting {gguf.name} to a safetensors checkpoint in {target}")
     import torch
@@ -82,7 +100,6 @@ def ensure_smollm2(say: Callable[[str], None] = lambda _msg: None) -> Path:
     config = model.config.to_dict()
     # NOTE: the dequantised weights are plain fp32; drop the GGUF marker so they load as such.
     config.pop("quantization_config", None)
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".smollm2-"))
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
@@ -93,4 +110,3 @@ def ensure_smollm2(say: Callable[[str], None] = lambda _msg: None) -> Path:
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
