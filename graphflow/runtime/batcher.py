@@ -31,23 +31,31 @@ unbatched path; its table is in ``experiments/throughput/README.md``):
   prefill on one CPU core.
 
 The loop is a plain class: :meth:`Batcher.step` runs one step (tests drive it directly);
-:meth:`Batcher.start` runs steps on a thread of its own until :meth:`Batcher.stop`.
+:meth:`Batcher.start` runs steps on a thread of its own until :meth:`Batcher.stop`. With
+``threads`` that thread is the only one of the process whose torch kernels run in parallel
+(:mod:`graphflow.models.threads`: a second parallel thread slows every forward by about 1.6×
+on 2 cores), and :meth:`Batcher.call` runs other engine work there between steps (calibration).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 from transformers import DynamicCache
 
 from graphflow.models.engine import Engine
 from graphflow.models.ragged import Row, SharedPrefix, forward_rows, unsupported
+from graphflow.models.threads import set_thread_parallelism
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 
 __all__ = ["Batcher", "BatcherFull", "Request"]
+
+T = TypeVar("T")
 
 
 class BatcherFull(Exception):
@@ -113,7 +121,10 @@ class Batcher:
         max_batch_tokens: int = MAX_BATCH_TOKENS,
         max_rows: int = BATCH_ROWS,
         max_queue: int = 64,
+        threads: int = 0,
     ) -> None:
+        """``threads`` > 0: the loop's thread runs torch kernels on that many threads, whatever
+        the rest of the process uses (0: as the process is set)."""
         why = unsupported(engine.model)
         if why:
             raise ValueError(why)
@@ -126,6 +137,8 @@ class Batcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_rows = max_rows
         self.max_queue = max_queue
+        self.threads = threads
+        self._calls: list[tuple[Future[Any], Callable[[], Any]]] = []
         self._waiting: list[Request] = []
         self._running: list[Request] = []
         self._cv = threading.Condition()
@@ -174,6 +187,19 @@ class Batcher:
     ) -> list[int]:
         """:meth:`submit` and wait for the tokens (the loop must be running)."""
         return self.submit(tokens, cache, shared, max_new).result()
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the loop's thread, between two steps, and its result (or what it
+        raised); inline before the loop thread starts, or when called from it."""
+        done: Future[T] = Future()
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the engine loop was stopped")
+            inline = self._thread is None or threading.current_thread() is self._thread
+            if not inline:
+                self._calls.append((done, lambda: fn(*args)))
+                self._cv.notify_all()
+        return fn(*args) if inline else done.result()
 
     @property
     def queue_length(self) -> int:
@@ -252,19 +278,30 @@ class Batcher:
         with self._cv:
             self._stopping = True
             left = self._waiting + self._running
-            self._waiting, self._running = [], []
+            calls = self._calls
+            self._waiting, self._running, self._calls = [], [], []
             self._cv.notify_all()
         for r in left:
             r._finish(RuntimeError("the engine loop was stopped"))
+        for done, _ in calls:
+            done.set_exception(RuntimeError("the engine loop was stopped"))
         if self._thread is not None:
             self._thread.join()
             self._thread = None
 
     def _loop(self) -> None:
+        if self.threads:
+            set_thread_parallelism(self.threads)
         while True:
             with self._cv:
-                while not self._stopping and not (self._waiting or self._running):
+                while not self._stopping and not (self._waiting or self._running or self._calls):
                     self._cv.wait()
                 if self._stopping:
                     return
+                calls, self._calls = self._calls, []
+            for done, run in calls:
+                try:
+                    done.set_result(run())
+                except Exception as exc:  # the caller gets it; the loop goes on
+                    done.set_exception(exc)
             self.step()

@@ -41,6 +41,7 @@ from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
 from graphflow.models.ragged import unsupported
+from graphflow.models.threads import per_thread_support
 from graphflow.runtime.arrivals import Arrivals
 from graphflow.runtime.batcher import Batcher
 from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates, check_policy
@@ -54,6 +55,9 @@ from transport.base import TransferSpec, Transport, TransportConfig
 from transport.memory import host_arena
 
 __all__ = ["EVICTION_POLICIES", "ReplicaConfig", "ReplicaWorker"]
+
+
+ARENA_RECYCLE_BYTES = 2 << 30  # idle arena slabs kept for reuse beside the prefaulted pool
 
 
 def _templates(engine: Engine, config: ReplicaConfig) -> TemplateKV | None:
@@ -107,8 +111,12 @@ class ReplicaWorker:
 
         self.config = config
         self.clock = clock
-        # NOTE: Ray starts actors with OMP_NUM_THREADS=1; the engine gets the threads asked for
-        torch.set_num_threads(config.threads or os.cpu_count() or 1)
+        # NOTE: Ray starts actors with OMP_NUM_THREADS=1; the engine gets the threads asked for.
+        # With the engine loop they are the loop thread's alone and every other thread runs
+        # serial (graphflow.models.threads), so nothing parallel may run before it starts.
+        self.threads = config.threads or os.cpu_count() or 1
+        one_parallel = config.batching and not per_thread_support()
+        torch.set_num_threads(1 if one_parallel else self.threads)
         self.engine = Engine.load(config.model, device=config.device)
         store = BlockStore(
             self.engine.identity,
@@ -123,21 +131,28 @@ class ReplicaWorker:
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
         self.templates = _templates(self.engine, config)
-        reserved = host_arena().reserve(min(config.prefault_bytes, config.capacity_bytes))
+        arena, pool = host_arena(), min(config.prefault_bytes, config.capacity_bytes)
+        # NOTE: the pool is kept beside the arena's room for recycling (shared-prefix copies of a
+        # size, receive buffers), not in it: a pool of the whole room left every copy fresh pages
+        arena.keep_bytes = max(arena.keep_bytes, pool + ARENA_RECYCLE_BYTES)
+        reserved = arena.reserve(pool)
         self.prefaulted_bytes, self.prefault_short = reserved.nbytes, reserved.why_not
-        self.batcher, self.batching_off = self._engine_loop()
+        self.batcher, self.batching_off = self._engine_loop(self.threads if one_parallel else 0)
+        if one_parallel and self.batcher is None:  # no loop after all: every thread computes
+            torch.set_num_threads(self.threads)
         self._prefixes = SharedPrefixes(self.engine)
         self._arrivals = Arrivals()  # prefixes being received here, for nodes that wait for them
         self._active = 0  # node calls in this replica now (receiving, queued or running)
 
-    def _engine_loop(self) -> tuple[Batcher | None, str]:
-        """The engine loop when batching is on and the model allows it, else why not."""
+    def _engine_loop(self, threads: int) -> tuple[Batcher | None, str]:
+        """The engine loop when batching is on and the model allows it, else why not;
+        ``threads`` > 0: its thread alone computes in parallel, on that many."""
         if not self.config.batching:
             return None, "turned off"
         why = unsupported(self.engine.model)
         if why:
             return None, why
-        loop = Batcher(self.engine, self.config.max_batch_tokens, BATCH_ROWS, self.config.max_queue)
+        loop = Batcher(self.engine, self.config.max_batch_tokens, BATCH_ROWS, self.config.max_queue, threads)
         loop.start()
         return loop, ""
 
@@ -345,9 +360,12 @@ class ReplicaWorker:
         return MaterializeResult(self.config.name, len(ids), seconds, admit is not None, events, reused=cached)
 
     def prefill_seconds(self, lengths: Sequence[int], repeats: int = 2) -> list[tuple[int, float]]:
-        """Measured prefill times (the fastest of ``repeats``, after one warm-up) for calibration."""
+        """Measured prefill times (the fastest of ``repeats``, after one warm-up) for calibration,
+        on the thread that prefills when serving (the engine loop's, where there is one)."""
         from graphflow.runtime.calibration import prefill_samples
 
+        if self.batcher is not None:
+            return self.batcher.call(prefill_samples, self.engine, lengths, repeats)
         return prefill_samples(self.engine, lengths, repeats)
 
     def cost_samples(self, lengths: Sequence[int], repeats: int = 2) -> dict[str, list[tuple[int, float]]]:
@@ -542,7 +560,7 @@ class ReplicaWorker:
             host=self.config.host or "localhost",
             device=self.config.device,
             eviction=self.config.eviction,
-            threads=torch.get_num_threads(),
+            threads=self.threads,
             used_bytes=s.used_bytes,
             capacity_bytes=s.capacity_bytes,
             peak_bytes=s.peak_used_bytes,

@@ -107,6 +107,27 @@ def test_the_loop_thread_serves_concurrent_callers(tiny_engine):
         b.submit([1])
 
 
+def test_calls_run_on_the_loop_thread_with_its_own_torch_threads(tiny_engine):
+    import torch
+
+    def where() -> tuple[str, int]:
+        return threading.current_thread().name, torch.get_num_threads()
+
+    b = Batcher(tiny_engine, threads=3)
+    assert b.call(where)[0] == threading.current_thread().name  # no loop thread yet: inline
+    b.start()
+    try:
+        assert b.call(where) == ("graphflow-engine-loop", 3)
+        assert b.generate(prompt_token_ids(tiny_engine.tokenizer, 12), max_new=2)  # steps still run
+        with pytest.raises(ZeroDivisionError):
+            b.call(lambda: 1 / 0)
+        assert b.call(lambda x: x + 1, 1) == 2  # an error does not stop the loop
+    finally:
+        b.stop()
+    with pytest.raises(RuntimeError, match="stopped"):
+        b.call(where)
+
+
 def test_bad_requests_and_settings_are_refused(tiny_engine):
     with pytest.raises(ValueError, match="max_batch_tokens > max_rows"):
         Batcher(tiny_engine, max_batch_tokens=4, max_rows=4)
