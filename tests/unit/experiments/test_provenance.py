@@ -51,3 +51,13 @@ def test_quick_runs_write_under_the_ignored_out_folder(tmp_path):
     assert common.output_dir(tmp_path, quick=True) == tmp_path / "out" / "quick"
     assert common.output_dir(tmp_path, quick=True, sub="served") == tmp_path / "out" / "quick-served"
     assert common.output_dir(tmp_path, quick=False, sub="served") == tmp_path / "results" / "served"
+
+
+def test_meta_names_the_cpu_and_the_features_that_move_matmul_speed(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512f amx_bf16\n\n"
+        "processor\t: 1\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512f amx_bf16\n"
+    )
+    assert common.cpu_info(str(info)) == {"cpu_model": "Some Xeon", "cpu_features": ["avx2", "avx512f", "amx_bf16"]}
+    assert common.cpu_info(str(tmp_path / "missing")) == {}
