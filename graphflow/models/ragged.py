@@ -36,29 +36,64 @@ __all__ = ["Row", "SharedPrefix", "attend", "forward_rows", "unsupported"]
 _ARCHS = ("llama", "qwen2")
 
 
-@dataclass(eq=False)
 class SharedPrefix:
-    """KV of a prefix several rows continue: per layer ``[1, kv_heads, tokens, head_dim]``."""
+    """KV of a prefix several rows continue, held once: a chain of parts, each
+    ``[layers, 2, kv_heads, tokens, head_dim]``, in token order.
 
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    On the CPU the parts are the stored blocks themselves, not a copy: :meth:`layer` gathers one
+    layer's keys and values into a scratch buffer of one layer's size (1/layers of the prefix,
+    reused for every layer and step), so a prefix costs that buffer on top of the blocks the
+    store already holds. The gather is a memory-bound copy that leaves the layer in cache for
+    the attention reading it next. Elsewhere (a GPU engine over host-held blocks) the parts are
+    joined into one copy on the device once, and :meth:`layer` returns views of it.
+    """
+
+    def __init__(self, parts: Sequence[torch.Tensor], device: str | torch.device = "cpu") -> None:
+        if not parts:
+            raise ValueError("a shared prefix needs at least one part")
+        shape = parts[0].shape
+        if any(p.dim() != 5 or p.shape[:3] != shape[:3] or p.shape[4] != shape[4] for p in parts):
+            raise ValueError("a shared prefix's parts must all be [layers, 2, kv_heads, tokens, head_dim] of one model")
+        device = torch.device(device)
+        if device.type != "cpu" or any(p.device != device for p in parts):
+            parts = [torch.cat(list(parts), dim=3).to(device)]
+        self.parts = list(parts)
+        self.tokens = sum(int(p.shape[3]) for p in parts)
+        self.layers = int(shape[0])
+        self._scratch: torch.Tensor | None = None  # [2, kv_heads, tokens, head_dim], made on first gather
+        # NOTE: each layer's views of the parts, made once: building them per step cost as much
+        # as the gather itself (256 blocks × 30 layers of SmolLM2 at 4K tokens)
+        self._views: list[list[torch.Tensor]] | None = None
 
     @classmethod
     def from_tensor(cls, kv: torch.Tensor, device: str | torch.device = "cpu") -> SharedPrefix:
-        """From ``[layers, 2, kv_heads, tokens, head_dim]`` (one copy, made here)."""
-        full = kv.to(device)
-        return cls(
-            [full[i, 0].unsqueeze(0).contiguous() for i in range(full.shape[0])],
-            [full[i, 1].unsqueeze(0).contiguous() for i in range(full.shape[0])],
-        )
+        """From one ``[layers, 2, kv_heads, tokens, head_dim]`` tensor (held as it is)."""
+        return cls([kv], device)
 
-    @property
-    def tokens(self) -> int:
-        return int(self.keys[0].shape[2])
+    @torch.inference_mode()
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s keys and values, each ``[1, kv_heads, tokens, head_dim]``; a
+        gathered layer stays valid until the next call."""
+        if len(self.parts) == 1:
+            kv = self.parts[0][index]
+        else:
+            first = self.parts[0]
+            if self._scratch is None:
+                self._scratch = torch.empty(
+                    (2, first.shape[2], self.tokens, first.shape[4]), dtype=first.dtype, device=first.device
+                )
+                self._views = [[p[i] for p in self.parts] for i in range(self.layers)]
+            assert self._views is not None
+            kv = torch.cat(self._views[index], dim=2, out=self._scratch)
+        return kv[0].unsqueeze(0), kv[1].unsqueeze(0)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        """Bytes this prefix adds to what its parts' owner holds: the gather buffer, or the
+        device copy."""
+        if len(self.parts) > 1:
+            return 0 if self._scratch is None else self._scratch.numel() * self._scratch.element_size()
+        return self.parts[0].numel() * self.parts[0].element_size()
 
 
 @dataclass(eq=False)
@@ -192,7 +227,8 @@ def forward_rows(model: Any, rows: Sequence[Row]) -> list[torch.Tensor | None]:
             prefix = rows[members[0]].shared
             assert prefix is not None
             stacked = torch.cat([q[:, :, bounds[i] : bounds[i + 1]] for i in members], dim=2)
-            out, lse = attend(stacked, prefix.keys[layer_idx], prefix.values[layer_idx], attn.scaling, causal=False)
+            keys, values = prefix.layer(layer_idx)
+            out, lse = attend(stacked, keys, values, attn.scaling, causal=False)
             at = 0
             for i in members:
                 parts[i].append((out[:, :, at : at + lengths[i]], lse[:, :, at : at + lengths[i]]))

@@ -22,9 +22,13 @@ unbatched path; its table is in ``experiments/throughput/README.md``):
 * **transformers' continuous batching** (``generate_batch``, its paged cache) runs its own
   request manager and cache and cannot start from KV the replica received or kept, so it
   cannot serve a reused or transferred prefix at all.
-* **shared prefix**: requests that continue one stored prefix read one copy of it
-  (:class:`~graphflow.models.ragged.SharedPrefix`), attended once per layer for all of them and
-  merged with each row's own suffix by log-sum-exp.
+* **shared prefix, read in place**: requests that continue one stored prefix read the stored
+  blocks themselves (:class:`~graphflow.models.ragged.SharedPrefix`): each step gathers one
+  layer at a time into a buffer of one layer's size, attends it once for all of them and merges
+  it with each row's own suffix by log-sum-exp. The joined copy of the prefix it replaced
+  (up to dde04e8) cost the whole prefix again per shared context (180 MiB for a 4K SmolLM2
+  root). The gather reads what attention over a copy would read, and the layer it writes is
+  still in cache when attention reads it; what it costs in tokens/s is in the served bench.
 * **shortest prefill first, nothing long beside it**: a step runs the prefills that finish in it;
   only when none does, a chunk of the shortest. A long prefill's chunk bounds how long a new
   request waits (one step); ``MAX_BATCH_TOKENS`` (128) keeps that under a short request's own

@@ -132,8 +132,8 @@ class ReplicaWorker:
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
         self.templates = _templates(self.engine, config)
         arena, pool = host_arena(), min(config.prefault_bytes, config.capacity_bytes)
-        # NOTE: the pool is kept beside the arena's room for recycling (shared-prefix copies of a
-        # size, receive buffers), not in it: a pool of the whole room left every copy fresh pages
+        # NOTE: the pool is kept beside the arena's room for recycling (receive buffers, message
+        # spans), not in it: a pool of the whole room left nothing to recycle, so each landed in fresh pages
         arena.keep_bytes = max(arena.keep_bytes, pool + ARENA_RECYCLE_BYTES)
         reserved = arena.reserve(pool)
         self.prefaulted_bytes, self.prefault_short = reserved.nbytes, reserved.why_not

@@ -42,9 +42,16 @@ def test_packed_decode_continues_each_row_as_alone(engine):
     assert got == alone
 
 
-def test_shared_prefix_equals_attention_over_the_concatenated_cache(engine):
+def blocks_of(kv: torch.Tensor, tokens: int) -> list[torch.Tensor]:
+    """``kv`` cut along the tokens into separate tensors, as a store holds it."""
+    return [part.contiguous() for part in kv.split(tokens, dim=3)]
+
+
+@pytest.mark.parametrize("held", ["joined", "blocks"])
+def test_shared_prefix_equals_attention_over_the_concatenated_cache(engine, held):
     root = prompt_token_ids(engine.tokenizer, 48)
-    prefix = SharedPrefix.from_tensor(stack_cache(engine.prefill(root).cache))
+    kv = stack_cache(engine.prefill(root).cache)
+    prefix = SharedPrefix.from_tensor(kv) if held == "joined" else SharedPrefix(blocks_of(kv, 16))
     suffixes = [prompt_token_ids(engine.tokenizer, n)[-n:] for n in (9, 1, 17)]
     rows = [Row(s, engine.new_cache(), prefix) for s in suffixes]
     logits = forward_rows(engine.model, rows)
@@ -93,11 +100,25 @@ def test_rejects_what_it_cannot_batch(tiny_engine):
     assert unsupported(tiny_engine.model) == ""
 
 
-def test_the_shared_prefix_is_not_copied_per_row(tiny_engine):
+def test_the_shared_prefix_is_read_in_place_not_copied_per_row(tiny_engine):
     root = tiny_engine.prefill(prompt_token_ids(tiny_engine.tokenizer, 64))
-    prefix = SharedPrefix.from_tensor(stack_cache(root.cache))
-    before = [t.data_ptr() for t in prefix.keys]
+    kv = stack_cache(root.cache)
+    blocks = blocks_of(kv, 16)
+    prefix = SharedPrefix(blocks)
+    assert all(p is b for p, b in zip(prefix.parts, blocks, strict=True)) and prefix.nbytes == 0
     rows = [Row([5, 6], tiny_engine.new_cache(), prefix) for _ in range(4)]
     forward_rows(tiny_engine.model, rows)
-    assert [t.data_ptr() for t in prefix.keys] == before and prefix.tokens == 64
+    layer_bytes = kv[0].numel() * kv.element_size()
+    assert prefix.tokens == 64 and prefix.nbytes == layer_bytes  # one layer's gather buffer, whatever the rows
     assert all(cache_length(r.cache) == 2 for r in rows)
+    for layer in range(kv.shape[0]):
+        k, v = prefix.layer(layer)
+        assert torch.equal(k[0], kv[layer, 0]) and torch.equal(v[0], kv[layer, 1])
+        assert k.data_ptr() == prefix.layer(0)[0].data_ptr()  # every layer lands in the same buffer
+
+
+def test_a_shared_prefix_refuses_parts_of_different_models():
+    with pytest.raises(ValueError, match="one model"):
+        SharedPrefix([torch.zeros(2, 2, 1, 16, 8), torch.zeros(3, 2, 1, 16, 8)])
+    with pytest.raises(ValueError, match="at least one part"):
+        SharedPrefix([])

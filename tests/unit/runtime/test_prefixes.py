@@ -9,14 +9,16 @@ from graphflow.models import prompt_token_ids
 from graphflow.runtime.prefixes import SharedPrefixes
 
 
-def test_a_prefix_is_the_blocks_joined_and_built_once_for_all_its_readers(tiny_engine):
+def test_a_prefix_reads_the_blocks_in_place_and_is_built_once_for_all_its_readers(tiny_engine):
     ids = prompt_token_ids(tiny_engine.tokenizer, 64)
     cache = tiny_engine.prefill(ids).cache
     blocks = cache_to_blocks(cache, ids, tiny_engine.identity, 16)
     held = SharedPrefixes(tiny_engine)
     first = held.acquire(blocks)
     full = stack_cache(cache)  # [layers, 2, kv_heads, tokens, head_dim]
-    for layer, (k, v) in enumerate(zip(first.keys, first.values, strict=True)):
+    assert all(p is b.tensor for p, b in zip(first.parts, blocks, strict=True))  # no copy of the chain
+    for layer in range(full.shape[0]):
+        k, v = first.layer(layer)
         assert torch.equal(k[0], full[layer, 0]) and torch.equal(v[0], full[layer, 1])
     assert held.acquire(blocks) is first and held.built == 1
     held.release(blocks)
