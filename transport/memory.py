@@ -34,7 +34,7 @@ import torch
 
 from transport.layout import MESSAGE_BYTES, message_runs
 
-__all__ = ["HUGE_PAGE_BYTES", "HostArena", "Reservation", "host_arena"]
+__all__ = ["HUGE_PAGE_BYTES", "HostArena", "Reservation", "advise_huge_pages", "host_arena"]
 
 HUGE_PAGE_BYTES = 2 << 20
 _ALIGN = 64
@@ -57,6 +57,18 @@ def _advise_huge(ptr: int, nbytes: int) -> bool:
     if _LIBC is None:
         return False
     return _LIBC.madvise(ctypes.c_void_p(ptr), ctypes.c_size_t(nbytes), _MADV_HUGEPAGE) == 0
+
+
+def advise_huge_pages(tensor: torch.Tensor) -> bool:
+    """Ask for huge pages under the whole 2 MiB pages inside a CPU tensor not yet touched (one
+    the arena did not carve: a buffer malloc mapped on its own). False where nothing was advised."""
+    if tensor.device.type != "cpu":
+        return False
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    lo = _round_up(start, HUGE_PAGE_BYTES)
+    hi = end // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    return hi > lo and _advise_huge(lo, hi - lo)
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -33,7 +33,16 @@ from graphflow.kv.errors import ChecksumMismatch
 from transport.memory import host_arena
 from transport.wire import checksum as tensor_checksum
 
-__all__ = ["ROOT_KEY", "KVBlock", "block_key", "chain_keys", "make_block", "make_blocks", "make_blocks_from_layers"]
+__all__ = [
+    "ROOT_KEY",
+    "KVBlock",
+    "block_key",
+    "blocks_from_parts",
+    "chain_keys",
+    "make_block",
+    "make_blocks",
+    "make_blocks_from_layers",
+]
 
 ROOT_KEY = 0
 _U64 = struct.Struct("<Q")
@@ -204,11 +213,31 @@ def _cut(
         parts = host_arena().empty_run([(layers, 2, heads, hi - lo, dim) for lo, hi in cuts], like.dtype)
     else:
         parts = [torch.empty((layers, 2, heads, hi - lo, dim), dtype=like.dtype, device=like.device) for lo, hi in cuts]
-    blocks: list[KVBlock] = []
     for part, (lo, hi) in zip(parts, cuts, strict=True):
         fill(part, lo, hi)
+    return blocks_from_parts(parent_key, token_ids, position_offset, parts, model_key)
+
+
+def blocks_from_parts(
+    parent_key: int,
+    token_ids: Sequence[int],
+    position_offset: int,
+    parts: Sequence[torch.Tensor],
+    model_key: str,
+) -> list[KVBlock]:
+    """Chained blocks over ``token_ids`` whose tensors are ``parts`` (filled, contiguous, each
+    ``[layers, 2, kv_heads, n, head_dim]``, in token order), owned as they are: no copy."""
+    if sum(int(p.shape[3]) for p in parts) != len(token_ids):
+        raise ValueError(f"the parts hold {sum(int(p.shape[3]) for p in parts)} tokens, not {len(token_ids)}")
+    blocks: list[KVBlock] = []
+    lo = 0
+    for part in parts:
+        _check_kv(part, int(part.shape[3]) if part.dim() == 5 else -1)
+        if not part.is_contiguous():
+            raise ValueError("block tensors must be contiguous")
+        hi = lo + int(part.shape[3])
         blocks.append(_block(parent_key, token_ids[lo:hi], position_offset + lo, part, model_key))
-        parent_key = blocks[-1].key
+        parent_key, lo = blocks[-1].key, hi
     return blocks
 
 

@@ -19,6 +19,7 @@ from graphflow.kv.packing import cache_length
 from graphflow.kv.state import ModelIdentity
 from graphflow.models.loading import LoadedModel, load_model
 from graphflow.models.registry import resolve
+from graphflow.models.row_cache import RowCache
 from graphflow.models.tokenizer import Tokenizer
 
 __all__ = ["DecodeResult", "Engine", "PrefillResult", "clone_cache"]
@@ -69,8 +70,13 @@ class Engine:
     def config(self) -> PretrainedConfig:
         return self.model.config
 
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
+    def new_cache(self, capacity: int | None = None) -> DynamicCache:
+        """An empty cache; with ``capacity``, a :class:`~graphflow.models.row_cache.RowCache`
+        with room for that many tokens reserved (full-attention models only)."""
+        if capacity is None:
+            return DynamicCache(config=self.model.config)
+        dtype = next(self.model.parameters()).dtype
+        return RowCache(self.model.config, capacity, dtype, self.device)
 
     def kv_bytes_per_token(self) -> int:
         itemsize = torch.empty(0, dtype=next(self.model.parameters()).dtype).element_size()

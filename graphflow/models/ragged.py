@@ -1,9 +1,11 @@
 """One forward pass over several requests of different lengths (ragged batching).
 
 Each :class:`Row` brings the tokens it adds this step, its own cache (a transformers
-``DynamicCache``, extended in place) and, optionally, a :class:`SharedPrefix`: KV that several
-rows continue (agents fanning out from one context), held once for all of them. The linear
-layers (projections, MLP, norms) run once over every row's tokens packed into one sequence;
+``DynamicCache``, extended in place; the engine loop's are
+:class:`~graphflow.models.row_cache.RowCache`, with their room reserved) and, optionally, a
+:class:`SharedPrefix`: KV that several rows continue (agents fanning out from one context),
+held once for all of them. The linear layers (projections, MLP, norms) run once over every
+row's tokens packed into one sequence;
 attention runs per row over ``[shared prefix | own cache]``, split in two parts whose results
 are merged by their log-sum-exp (as cascade / shared-prefix attention kernels do). Rows that
 continue one prefix attend over it in a single call with their queries stacked, so the prefix

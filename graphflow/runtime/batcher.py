@@ -15,6 +15,10 @@ unbatched path; its table is in ``experiments/throughput/README.md``):
   kernels): each request keeps its own ``DynamicCache`` and attends over it alone, so rows of
   any length share a step with no padding and no attention mask, and a request's KV is never
   copied into a batch tensor.
+* **each row's room reserved**: a new request's cache is a
+  :class:`~graphflow.models.row_cache.RowCache` sized for every token it will hold, written in
+  place (a ``DynamicCache`` reallocates every layer at every step), and when the node is kept its
+  buffer becomes the stored blocks in place, so a finished node does not hold its KV twice.
 * **padding + attention masks** (one ``DynamicCache`` of batch ``n``, as the scripted agents job
   builds with ``packing.batch_cache``) needs rows of one length: every row's prefix copied into
   the batch and re-copied as rows join or leave, which is what kept that job's peak at 0.63×
@@ -166,9 +170,11 @@ class Batcher:
             raise ValueError("a request needs at least one token to run")
         if max_new < 1:
             raise ValueError(f"max_new must be at least 1, got {max_new}")
+        # NOTE: a new request's cache reserves room for every token it will hold (prompt, then
+        # all it generates but the last), so it never reallocates and ends as stored blocks in place
         req = Request(
             list(tokens),
-            cache if cache is not None else self.engine.new_cache(),
+            cache if cache is not None else self.engine.new_cache(len(tokens) + max_new - 1),
             shared,
             max_new,
         )

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from graphflow.kv.block import KVBlock, chain_keys, make_blocks_from_layers
+from graphflow.kv.block import ROOT_KEY, KVBlock, chain_keys, make_blocks_from_layers
 from graphflow.kv.differential.codecs import ResidualCodec
 from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.differential.store import KVMode
@@ -41,6 +41,7 @@ from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
 from graphflow.models.ragged import unsupported
+from graphflow.models.row_cache import RowCache
 from graphflow.models.threads import per_thread_support
 from graphflow.runtime.arrivals import Arrivals
 from graphflow.runtime.batcher import Batcher
@@ -408,9 +409,12 @@ class ReplicaWorker:
         """The blocks of ``state_tokens``: ``prefix`` (stored blocks) plus ``cache`` cut into blocks
         (``cache`` holds the tokens after the prefix, or all of them when there is none)."""
         bt, model_key = self.config.block_tokens, self.engine.identity.model_key
+        at = len(prefix) * bt
+        if isinstance(cache, RowCache):  # the engine loop's: its buffer becomes the blocks
+            parent = prefix[-1].key if prefix else ROOT_KEY
+            return prefix + cache.into_blocks(state_tokens[at:], at, parent, model_key, bt)
         if not prefix:
             return cache_to_blocks(cache, state_tokens, self.engine.identity, bt)
-        at = len(prefix) * bt
         tail = make_blocks_from_layers(prefix[-1].key, state_tokens[at:], at, layer_views(cache), model_key, bt)
         return prefix + tail
 

@@ -136,3 +136,15 @@ def test_bad_requests_and_settings_are_refused(tiny_engine):
         b.submit([])
     with pytest.raises(ValueError, match="max_new"):
         b.submit([1], max_new=0)
+
+
+def test_a_new_request_reserves_room_for_exactly_what_it_will_hold(tiny_engine):
+    from graphflow.models.row_cache import RowCache
+
+    b = Batcher(tiny_engine, max_batch_tokens=16, max_rows=2)
+    prompt = prompt_token_ids(tiny_engine.tokenizer, 21)
+    req = b.submit(prompt, max_new=6)
+    drain(b)
+    assert isinstance(req.cache, RowCache) and req.cache.capacity == 21 + 6 - 1
+    assert cache_length(req.cache) == req.cache.capacity  # every token but the last generated one
+    assert req.result() == alone(tiny_engine, prompt, 6)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from transport.layout import MESSAGE_BYTES, message_runs, message_spans
-from transport.memory import HUGE_PAGE_BYTES, HostArena, Reservation
+from transport.memory import HUGE_PAGE_BYTES, HostArena, Reservation, advise_huge_pages
 
 
 def test_slabs_are_huge_page_aligned_and_carved_back_to_back():
@@ -123,3 +123,10 @@ def test_reserve_says_why_it_kept_less_than_asked():
     small = arena.reserve(MESSAGE_BYTES, span_bytes=1 << 20)
     assert small.nbytes == 0 and "shared slabs" in small.why_not
     assert arena.reserve(0) == Reservation(0)
+
+
+def test_huge_pages_are_advised_only_over_whole_huge_pages_inside_a_tensor():
+    assert not advise_huge_pages(torch.empty(HUGE_PAGE_BYTES // 2, dtype=torch.uint8))  # holds no whole page
+    arena = HostArena(slab_bytes=2 * HUGE_PAGE_BYTES)
+    arena.empty((10,), torch.uint8)  # the arena's own advice tells whether this kernel takes it
+    assert advise_huge_pages(torch.empty(3 * HUGE_PAGE_BYTES, dtype=torch.uint8)) == (arena.advised == 1)
