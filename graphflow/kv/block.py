@@ -232,7 +232,7 @@ def blocks_from_parts(
     blocks: list[KVBlock] = []
     lo = 0
     for part in parts:
-        _check_kv(part, int(part.shape[3]) if part.dim() == 5 else -1)
+        _check_kv(part, int(part.shape[-2]))
         if not part.is_contiguous():
             raise ValueError("block tensors must be contiguous")
         hi = lo + int(part.shape[3])

@@ -65,7 +65,7 @@ class SharedPrefix:
         self._scratch: torch.Tensor | None = None  # [2, kv_heads, tokens, head_dim], made on first gather
         # NOTE: each layer's views of the parts, made once: building them per step cost as much
         # as the gather itself (256 blocks × 30 layers of SmolLM2 at 4K tokens)
-        self._views: list[list[torch.Tensor]] | None = None
+        self._views = [[p[i] for p in self.parts] for i in range(self.layers)] if len(self.parts) > 1 else []
 
     @classmethod
     def from_tensor(cls, kv: torch.Tensor, device: str | torch.device = "cpu") -> SharedPrefix:
@@ -84,8 +84,6 @@ class SharedPrefix:
                 self._scratch = torch.empty(
                     (2, first.shape[2], self.tokens, first.shape[4]), dtype=first.dtype, device=first.device
                 )
-                self._views = [[p[i] for p in self.parts] for i in range(self.layers)]
-            assert self._views is not None
             kv = torch.cat(self._views[index], dim=2, out=self._scratch)
         return kv[0].unsqueeze(0), kv[1].unsqueeze(0)
 

@@ -25,6 +25,7 @@ L29 V [...]                                       last block (n mod 16 tokens), 
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -55,10 +56,7 @@ _HUGE_ROOM_BYTES = 32 << 20
 def _transient(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
     """An uninitialised tensor of ``shape`` for a rewrite (the caller holds ``_REWRITE``)."""
     global _scratch
-    numel = 1
-    for d in shape:
-        numel *= int(d)
-    nbytes = numel * like.element_size()
+    nbytes = math.prod(int(d) for d in shape) * like.element_size()
     if nbytes > _SCRATCH_MAX_BYTES:
         return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
     if _scratch is None or _scratch.numel() < nbytes or _scratch.device != like.device:
