@@ -82,7 +82,7 @@ def table(result: ServeReport, settings: dict[str, Any]) -> str:
         lines.append(
             f"* a short node's TTFT p99, batching {'on' if h.batching else 'off'}: idle "
             f"{h.idle_p99_s:.2f} s, during a {h.prefill_tokens}-token prefill {h.loaded_p99_s:.2f} s "
-            f"({h.ratio_p99:.2f}×, {len(h.loaded_ttft_s)} samples)"
+            f"({h.ratio_p99:.2f}×, {len(h.loaded_ttft_s)} samples, {h.pauses} steps paused for them)"
         )
     lines.append("")
     lines.append(

@@ -113,6 +113,7 @@ class HolRow:
     prefill_tokens: int
     idle_ttft_s: tuple[float, ...]
     loaded_ttft_s: tuple[float, ...]
+    pauses: int = 0  # engine steps paused for a short prefill while the loaded samples ran
 
     @property
     def idle_p99_s(self) -> float:
@@ -220,6 +221,7 @@ class ServeBench:
         short_ttft()  # warm-up
         idle = tuple(short_ttft() for _ in range(samples))
         loaded: list[float] = []
+        pauses = self._engine_pauses()
         for _ in range(4 * samples):  # NOTE: a prefill that ends before a short node does gives no sample
             if len(loaded) >= samples:
                 break
@@ -239,7 +241,7 @@ class ServeBench:
                 if not long_done.is_set():  # it overlapped the long prefill up to its first token
                     loaded.append(ttft)
             worker.join()
-        return HolRow(self.batching, prefill_tokens, idle, tuple(loaded))
+        return HolRow(self.batching, prefill_tokens, idle, tuple(loaded), self._engine_pauses() - pauses)
 
     def prompt_tokens(self, agents: int) -> tuple[int, ...]:
         """Each agent prompt's length in the served model's tokens."""
@@ -249,6 +251,9 @@ class ServeBench:
         """(engine steps, forward rows) the replicas' loops have run so far."""
         stats = self.client.status()
         return sum(s.engine_steps for s in stats), sum(s.engine_rows for s in stats)
+
+    def _engine_pauses(self) -> int:
+        return sum(s.engine_pauses for s in self.client.status())
 
 
 def decision_counts(traces: Sequence[NodeTrace]) -> dict[str, int]:

@@ -332,7 +332,7 @@ def bench_serve_cmd(
         out.print(
             f"short node TTFT p99, batching {'on' if h.batching else 'off'}: idle {h.idle_p99_s:.3f} s, "
             f"during a {h.prefill_tokens}-token prefill {h.loaded_p99_s:.3f} s "
-            f"({h.ratio_p99:.2f}×, {len(h.loaded_ttft_s)} samples)"
+            f"({h.ratio_p99:.2f}×, {len(h.loaded_ttft_s)} samples, {h.pauses} steps paused for them)"
         )
 
 

@@ -23,7 +23,7 @@ relative to their scale for fp32 (``tests/unit/models/test_ragged.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from graphflow.kv.packing import cache_length
 
-__all__ = ["Row", "SharedPrefix", "attend", "forward_rows", "unsupported"]
+__all__ = ["Row", "SharedPrefix", "attend", "forward_layers", "forward_rows", "unsupported"]
 
 _ARCHS = ("llama", "qwen2")
 
@@ -199,6 +199,21 @@ def forward_rows(model: Any, rows: Sequence[Row]) -> list[torch.Tensor | None]:
     """One forward over ``rows`` (see the module docstring): each row's cache grows by its
     tokens; returns each row's last-token logits ``[vocab]`` (float32), ``None`` where the row
     asked for none."""
+    layers = forward_layers(model, rows)
+    while True:
+        try:
+            next(layers)
+        except StopIteration as done:
+            return done.value
+
+
+@torch.inference_mode()
+def forward_layers(model: Any, rows: Sequence[Row]) -> Generator[int, None, list[torch.Tensor | None]]:
+    """:func:`forward_rows`, one decoder layer per ``next()``: yields each layer's index once
+    that layer is done, and returns the logits. Between two layers the caller may run other
+    forwards over other rows (the engine loop pauses a long chunk so a short prefill that
+    arrived meanwhile need not wait for it): nothing is held across a yield but this forward's
+    own hidden states, and each row's cache is complete up to the layer yielded."""
     why = unsupported(model)
     if why:
         raise ValueError(why)
@@ -242,6 +257,7 @@ def forward_rows(model: Any, rows: Sequence[Row]) -> list[torch.Tensor | None]:
         mixed = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, ids.shape[1], -1)
         hidden = hidden + attn.o_proj(mixed)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        yield layer_idx
     wanted = [i for i, r in enumerate(rows) if r.logits]
     result: list[torch.Tensor | None] = [None] * len(rows)
     if wanted:

@@ -578,6 +578,7 @@ class ReplicaWorker:
             engine_steps=loop.steps if loop else 0,
             engine_rows=loop.rows_run if loop else 0,
             peak_rows=loop.peak_rows if loop else 0,
+            engine_pauses=loop.pauses if loop else 0,
             queue=self.queue_length(),
             shared_prefix_copies=self._prefixes.built,
             protected_states=len(self._held.needed_now()),

@@ -66,6 +66,7 @@ class ReplicaStats:
     engine_steps: int
     engine_rows: int
     peak_rows: int
+    engine_pauses: int  # steps paused between layers for a short prefill that arrived meanwhile
     queue: int  # node calls in this replica now
     shared_prefix_copies: int
     protected_states: int  # kept states a ready node of a running workflow needs (not evictable)

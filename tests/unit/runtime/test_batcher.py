@@ -64,6 +64,58 @@ def test_a_long_prefill_runs_in_chunks_while_a_short_request_finishes(tiny_engin
     assert b.steps >= 160 // 16
 
 
+def arriving(batcher, engine, prompt, max_new):
+    """Submit ``prompt`` from inside the next forward, once its first layer is done (a request
+    that arrives while a step runs); returns the list the request lands in."""
+    got = []
+
+    def submit(*_):
+        if not got:
+            got.append(batcher.submit(prompt, max_new=max_new))
+
+    return got, engine.model.model.layers[0].mlp.register_forward_hook(submit)
+
+
+def test_a_short_prefill_arriving_mid_step_pauses_a_long_chunk_between_layers(tiny_engine):
+    b = Batcher(tiny_engine, max_batch_tokens=16, max_rows=4)
+    long_prompt, short_prompt = (prompt_token_ids(tiny_engine.tokenizer, n) for n in (160, 6))
+    long = b.submit(long_prompt, max_new=2)
+    got, hook = arriving(b, tiny_engine, short_prompt, 3)
+    try:
+        assert b.step() == [] and b.pauses == 1 and long._fed == 0  # paused after layer 0
+    finally:
+        hook.remove()
+    (short,) = got
+    b.step()  # the short prefill runs while the chunk waits
+    assert len(short.output) == 1 and long._fed == 0
+    b.step()  # the paused chunk goes on (a decode alone does not hold it back)
+    assert long._fed == 16 and b.pauses == 1
+    drain(b)
+    assert short.result() == alone(tiny_engine, short_prompt, 3)
+    assert long.result() == alone(tiny_engine, long_prompt, 2)
+
+
+def test_decode_steps_and_long_arrivals_do_not_pause(tiny_engine):
+    b = Batcher(tiny_engine, max_batch_tokens=16, max_rows=4)
+    decoding = b.submit(prompt_token_ids(tiny_engine.tokenizer, 6), max_new=4)
+    b.step()  # its prefill
+    got, hook = arriving(b, tiny_engine, prompt_token_ids(tiny_engine.tokenizer, 7), 1)
+    try:
+        b.step()  # a decode alone: nothing to gain by pausing it
+    finally:
+        hook.remove()
+    drain(b)
+    long = b.submit(prompt_token_ids(tiny_engine.tokenizer, 160), max_new=1)
+    later, hook = arriving(b, tiny_engine, prompt_token_ids(tiny_engine.tokenizer, 40), 1)
+    try:
+        b.step()  # the arrival needs more than one step itself: the chunk runs through
+    finally:
+        hook.remove()
+    assert b.pauses == 0 and long._fed == 16
+    drain(b)
+    assert decoding.done and got[0].done and later[0].done and long.done
+
+
 def test_requests_over_one_shared_prefix_match_full_prefill(tiny_engine):
     root = prompt_token_ids(tiny_engine.tokenizer, 64)
     prefix = SharedPrefix.from_tensor(stack_cache(tiny_engine.prefill(root).cache))
