@@ -45,8 +45,9 @@ unbatched path; its table is in ``experiments/throughput/README.md``):
   (each row's cache is complete up to the layer done; only the paused step's hidden states are
   kept) and needs no smaller chunks: shrinking chunks with position to bound each step's cost
   made a 4K prefill 54 steps instead of 32 and 15% slower alone. Only one step is paused at a
-  time, and only a request whose prefill one step finishes pauses it; decode-only steps run
-  through.
+  time, and only a request the plan would have run first pauses it (its prefill finishes in
+  one step, or has fewer tokens left than the chunked one: a short node's prefill of 186
+  tokens takes two steps of 128); decode-only steps run through.
 
 The loop is a plain class: :meth:`Batcher.step` runs one step (tests drive it directly);
 :meth:`Batcher.start` runs steps on a thread of its own until :meth:`Batcher.stop`. With
@@ -301,14 +302,16 @@ class Batcher:
 
     def _short_ready(self, busy: _Batch) -> bool:
         """Whether a request outside ``busy`` (running, or waiting with a row free for it) has a
-        prefill that one step finishes: such a request is worth pausing ``busy``'s forward for,
-        between two layers, so that it waits a layer instead of the whole step (the caller
-        holds the lock)."""
+        prefill the plan would have run before ``busy``'s: one that a step finishes, or one with
+        fewer tokens left than a prefill ``busy`` runs a chunk of. Such a request is worth
+        pausing ``busy``'s forward for, between two layers, so that it waits a layer instead of
+        the whole step (the caller holds the lock)."""
         held = {id(r) for r, _ in busy}
         free = [r for r in self._running if id(r) not in held]
         budget = self.max_batch_tokens - sum(1 for r in free if not r.prefill_left)
+        chunked = max((r.prefill_left for r, t in busy if len(t) < r.prefill_left), default=0)
         ready = free + self._waiting[: self.max_rows - len(self._running)]
-        return any(0 < r.prefill_left <= budget for r in ready)
+        return any(r.prefill_left > 0 and (r.prefill_left <= budget or r.prefill_left < chunked) for r in ready)
 
     def _plan(self, busy: Sequence[Request] = ()) -> _Batch:
         """This step's rows, from the running requests not in ``busy`` (a paused forward's):

@@ -95,6 +95,24 @@ def test_a_short_prefill_arriving_mid_step_pauses_a_long_chunk_between_layers(ti
     assert long.result() == alone(tiny_engine, long_prompt, 2)
 
 
+def test_an_arrival_shorter_than_the_chunked_prefill_runs_all_its_steps_first(tiny_engine):
+    b = Batcher(tiny_engine, max_batch_tokens=16, max_rows=4)
+    long_prompt, mid_prompt = (prompt_token_ids(tiny_engine.tokenizer, n) for n in (160, 40))
+    long = b.submit(long_prompt, max_new=1)
+    got, hook = arriving(b, tiny_engine, mid_prompt, 2)
+    try:
+        b.step()  # 40 tokens take three steps of 16, and have fewer left than the long prefill
+    finally:
+        hook.remove()
+    (mid,) = got
+    while not mid.output:
+        b.step()
+        assert long._fed == 0  # the paused chunk waits for every step of the shorter prefill
+    drain(b)
+    assert b.pauses == 1 and mid.result() == alone(tiny_engine, mid_prompt, 2)
+    assert long.result() == alone(tiny_engine, long_prompt, 1)
+
+
 def test_decode_steps_and_long_arrivals_do_not_pause(tiny_engine):
     b = Batcher(tiny_engine, max_batch_tokens=16, max_rows=4)
     decoding = b.submit(prompt_token_ids(tiny_engine.tokenizer, 6), max_new=4)
@@ -106,9 +124,9 @@ def test_decode_steps_and_long_arrivals_do_not_pause(tiny_engine):
         hook.remove()
     drain(b)
     long = b.submit(prompt_token_ids(tiny_engine.tokenizer, 160), max_new=1)
-    later, hook = arriving(b, tiny_engine, prompt_token_ids(tiny_engine.tokenizer, 40), 1)
+    later, hook = arriving(b, tiny_engine, prompt_token_ids(tiny_engine.tokenizer, 200), 1)
     try:
-        b.step()  # the arrival needs more than one step itself: the chunk runs through
+        b.step()  # the arrival has more left than the chunked prefill: the chunk runs through
     finally:
         hook.remove()
     assert b.pauses == 0 and long._fed == 16
