@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from graphflow.runtime.executor import RunResult, WorkflowExecutor
+from graphflow.runtime.executor import WorkflowExecutor
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from graphflow.runtime.stats import ReplicaStats
+from graphflow.runtime.trace import RunResult
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import Workflow
 from scheduler.calibrate import fit_linear, fit_link, fit_prefill

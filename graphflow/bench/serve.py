@@ -36,8 +36,8 @@ from graphflow.bench.replica_memory import ReplicaMemory
 from graphflow.bench.served import PinnedAgent
 from graphflow.bench.systems import PREFIX_CACHING, SYSTEMS, lowest_per_key, run_as
 from graphflow.client import Client, connect, new_run_id
-from graphflow.runtime.executor import NodeTrace, RunResult
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
+from graphflow.runtime.trace import NodeTrace, RunResult
 from graphflow.workflow.compile import ROOT, ExecGraph, ExecNode
 
 __all__ = [

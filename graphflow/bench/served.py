@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from graphflow.client import Client, new_run_id
 from graphflow.models.prompts import prompt_token_ids
-from graphflow.runtime.executor import NodeTrace
+from graphflow.runtime.trace import NodeTrace
 from graphflow.workflow.compile import ROOT, ExecGraph, ExecNode
 from scheduler.policy import Decision, Option
 

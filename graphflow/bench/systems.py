@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from graphflow.client import new_run_id
-from graphflow.runtime.executor import RunResult, WorkflowExecutor
+from graphflow.runtime.executor import WorkflowExecutor
+from graphflow.runtime.trace import RunResult
 from graphflow.workflow.compile import ROOT, ExecGraph
 
 __all__ = ["PREFIX_CACHING", "SYSTEMS", "lowest_per_key", "run_as"]

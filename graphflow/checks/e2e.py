@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from graphflow.client import Client
-from graphflow.runtime.executor import RunResult
+from graphflow.runtime.trace import RunResult
 from graphflow.workflow.compile import ROOT
 from graphflow.workflow.corpus import Workflow
 from graphflow.workflow.shapes import fan_out_workflow

@@ -43,7 +43,8 @@ from typing import Any
 from graphflow.client import calibrate_cluster
 from graphflow.runtime.actors import NAMESPACE, RayCluster, replica_name
 from graphflow.runtime.errors import error_message, root_cause
-from graphflow.runtime.executor import NodeTrace, RunResult, WorkflowExecutor
+from graphflow.runtime.executor import WorkflowExecutor
+from graphflow.runtime.trace import NodeTrace, RunResult
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import Workflow, WorkflowNode, functional_role, load_corpus, references
 from scheduler.cost import LinkMatrix, LinkSpec, PrefillModel

@@ -79,7 +79,7 @@ def kv_table(title: str, values: dict[str, object]) -> None:
 
 
 def trace_table(title: str, result: Any) -> Table:
-    """A workflow run's per-node decisions (``runtime.executor.RunResult.trace``)."""
+    """A workflow run's per-node decisions (``runtime.trace.RunResult.trace``)."""
     columns = (
         "node",
         "replica",

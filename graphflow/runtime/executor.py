@@ -22,14 +22,15 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from graphflow.kv.differential.store import base_version
 from graphflow.kv.errors import MissingBlocks
 from graphflow.kv.events import ReplicaInfo, TemplateEvent, TemplateHolding
 from graphflow.runtime.errors import Unavailable, root_cause
+from graphflow.runtime.order import levels, next_use
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult, TemplateRef
+from graphflow.runtime.trace import MATERIALIZE, NodeTrace, RunResult
 from graphflow.workflow.compile import ROOT, ExecGraph, node_context, node_path
 from scheduler.cost import LinkMatrix, LinkSpec
 from scheduler.policy import (
@@ -46,9 +47,7 @@ from scheduler.policy import (
 from transport.base import transfer_ids
 from transport.errors import TransportError
 
-__all__ = ["MATERIALIZE", "Cluster", "NodeTrace", "RunResult", "WorkflowExecutor", "next_use"]
-
-MATERIALIZE = "materialize"  # the decision of the root's trace row
+__all__ = ["Cluster", "WorkflowExecutor"]
 
 
 class Cluster(Protocol):
@@ -63,96 +62,6 @@ class Cluster(Protocol):
     def queue_lengths(self) -> dict[str, int]: ...  # node calls in each replica now (all clients)
     def is_replica_failure(self, exc: BaseException) -> bool: ...  # the replica itself is gone
     def drop_replica(self, replica: str) -> None: ...  # stop using it; the manager forgets its blocks
-
-
-@dataclass(frozen=True, slots=True)
-class NodeTrace:
-    node: str
-    replica: str
-    decision: str  # what ran: reuse / transfer / reconstruct / recompute (or materialize for the root)
-    source: str
-    predicted_s: float
-    measured_s: float
-    ttft_s: float
-    bytes_moved: int
-    prefill_tokens: int
-    prefill_tokens_saved: int  # tokens whose KV was reused (own store or received), not prefilled
-    context_tokens: int
-    output: str
-    note: str = ""  # why a fallback happened (a failed transfer, a lost replica), else ""
-    rebuilt_tokens: int = 0  # template tokens the replica rebuilt from base + residual (not prefilled)
-    planned: str = ""  # the scheduler's choice, when what ran differs from it
-    decide_s: float = 0.0  # executor: hashing the context, the manager round trip and placement
-    latency_s: float = 0.0  # executor: from deciding to holding the result (Ray calls both ways included)
-    phases: tuple[tuple[str, float], ...] = ()  # the replica's (phase, seconds): lookup, receive, rebuild, …
-
-    @property
-    def first_token_s(self) -> float:
-        """Seconds from the executor deciding this node to its first token, as served: the
-        latency less the replica's time after its first token (decode, storing the state).
-        The result's return trip stays in, so this bounds the served TTFT from above."""
-        return self.latency_s - (self.measured_s - self.ttft_s)
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    outputs: dict[str, tuple[int, ...]]
-    texts: dict[str, str]
-    final: str
-    trace: tuple[NodeTrace, ...]  # the root's materialization (reuse on) first, then each node
-    decisions: tuple[Decision, ...] = field(default=(), compare=False)
-    wall_s: float = field(default=0.0, compare=False)
-
-    @property
-    def nodes(self) -> tuple[NodeTrace, ...]:
-        """The workflow's node rows (without the root's materialization)."""
-        return tuple(t for t in self.trace if t.decision != MATERIALIZE)
-
-    @property
-    def bytes_moved(self) -> int:
-        return sum(t.bytes_moved for t in self.trace)
-
-    @property
-    def root_prefill_tokens(self) -> int:
-        return sum(t.prefill_tokens for t in self.trace if t.decision == MATERIALIZE)
-
-    @property
-    def prefill_tokens(self) -> int:
-        """Every token this run prefilled, the root's materialization included."""
-        return sum(t.prefill_tokens for t in self.trace)
-
-    @property
-    def prefill_tokens_saved(self) -> int:
-        """Net tokens not prefilled against running every node from scratch: KV reused or
-        rebuilt in the nodes, less the root's own prefill (negative when nothing reused it)."""
-        return sum(t.prefill_tokens_saved + t.rebuilt_tokens for t in self.nodes) - self.root_prefill_tokens
-
-
-def levels(gs: ExecGraph) -> dict[str, int]:
-    """Each node's topological level (0: no predecessors)."""
-    level: dict[str, int] = {}
-    for n in gs.nodes:  # topological order
-        level[n.id] = 1 + max((level[p] for p in n.preds), default=-1)
-    return level
-
-
-def next_use(
-    gs: ExecGraph, done: set[str], ready: Sequence[str], run_id: str, level: dict[str, int] | None = None
-) -> tuple[tuple[str, int], ...]:
-    """For each state the unfinished nodes extend, the topological steps until one needs it
-    (0: a node that is ready now). Nodes of ``ready`` count 0. ``level``: :func:`levels` of
-    ``gs``, when the caller has it."""
-    level = level if level is not None else levels(gs)
-    left = [n for n in gs.nodes if n.id not in done]
-    if not left:
-        return ()
-    floor = min(level[n.id] for n in left)
-    out: dict[str, int] = {}
-    for n in left:
-        sid = f"{run_id}:{n.state_parent}"
-        steps = 0 if n.id in ready else level[n.id] - floor
-        out[sid] = min(steps, out.get(sid, steps))
-    return tuple(sorted(out.items()))
 
 
 class WorkflowExecutor:

@@ -7,8 +7,9 @@ import itertools
 
 import pytest
 
-from graphflow.runtime.executor import WorkflowExecutor, next_use
+from graphflow.runtime.executor import WorkflowExecutor
 from graphflow.runtime.local import LocalCluster
+from graphflow.runtime.order import next_use
 from graphflow.runtime.plan import NodePlan, TemplateRef
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 from graphflow.workflow.compile import compile_workflow
