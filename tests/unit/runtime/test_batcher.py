@@ -64,28 +64,29 @@ def test_a_long_prefill_runs_in_chunks_while_a_short_request_finishes(tiny_engin
     assert b.steps >= 160 // 16
 
 
-def arriving(batcher, engine, prompt, max_new):
-    """Submit ``prompt`` from inside the next forward, once its first layer is done (a request
-    that arrives while a step runs); returns the list the request lands in."""
+def step_with_arrival(batcher, engine, n_tokens, max_new):
+    """One step during which a request of ``n_tokens`` arrives, once the forward's first layer
+    is done (from a hook on that layer); returns what the step returned and the request."""
     got = []
 
     def submit(*_):
         if not got:
-            got.append(batcher.submit(prompt, max_new=max_new))
+            got.append(batcher.submit(prompt_token_ids(engine.tokenizer, n_tokens), max_new=max_new))
 
-    return got, engine.model.model.layers[0].mlp.register_forward_hook(submit)
+    hook = engine.model.model.layers[0].mlp.register_forward_hook(submit)
+    try:
+        finished = batcher.step()
+    finally:
+        hook.remove()
+    return finished, got[0]
 
 
 def test_a_short_prefill_arriving_mid_step_pauses_a_long_chunk_between_layers(tiny_engine):
     b = Batcher(tiny_engine, max_batch_tokens=16, max_rows=4)
     long_prompt, short_prompt = (prompt_token_ids(tiny_engine.tokenizer, n) for n in (160, 6))
     long = b.submit(long_prompt, max_new=2)
-    got, hook = arriving(b, tiny_engine, short_prompt, 3)
-    try:
-        assert b.step() == [] and b.pauses == 1 and long._fed == 0  # paused after layer 0
-    finally:
-        hook.remove()
-    (short,) = got
+    finished, short = step_with_arrival(b, tiny_engine, 6, 3)
+    assert finished == [] and b.pauses == 1 and long._fed == 0  # paused after layer 0
     b.step()  # the short prefill runs while the chunk waits
     assert len(short.output) == 1 and long._fed == 0
     b.step()  # the paused chunk goes on (a decode alone does not hold it back)
@@ -99,12 +100,7 @@ def test_an_arrival_shorter_than_the_chunked_prefill_runs_all_its_steps_first(ti
     b = Batcher(tiny_engine, max_batch_tokens=16, max_rows=4)
     long_prompt, mid_prompt = (prompt_token_ids(tiny_engine.tokenizer, n) for n in (160, 40))
     long = b.submit(long_prompt, max_new=1)
-    got, hook = arriving(b, tiny_engine, mid_prompt, 2)
-    try:
-        b.step()  # 40 tokens take three steps of 16, and have fewer left than the long prefill
-    finally:
-        hook.remove()
-    (mid,) = got
+    _, mid = step_with_arrival(b, tiny_engine, 40, 2)  # three steps of 16, fewer left than the long
     while not mid.output:
         b.step()
         assert long._fed == 0  # the paused chunk waits for every step of the shorter prefill
@@ -117,21 +113,13 @@ def test_decode_steps_and_long_arrivals_do_not_pause(tiny_engine):
     b = Batcher(tiny_engine, max_batch_tokens=16, max_rows=4)
     decoding = b.submit(prompt_token_ids(tiny_engine.tokenizer, 6), max_new=4)
     b.step()  # its prefill
-    got, hook = arriving(b, tiny_engine, prompt_token_ids(tiny_engine.tokenizer, 7), 1)
-    try:
-        b.step()  # a decode alone: nothing to gain by pausing it
-    finally:
-        hook.remove()
+    _, short = step_with_arrival(b, tiny_engine, 7, 1)  # a decode alone: nothing to gain by pausing it
     drain(b)
     long = b.submit(prompt_token_ids(tiny_engine.tokenizer, 160), max_new=1)
-    later, hook = arriving(b, tiny_engine, prompt_token_ids(tiny_engine.tokenizer, 200), 1)
-    try:
-        b.step()  # the arrival has more left than the chunked prefill: the chunk runs through
-    finally:
-        hook.remove()
+    _, later = step_with_arrival(b, tiny_engine, 200, 1)  # more left than the chunked prefill: no pause
     assert b.pauses == 0 and long._fed == 16
     drain(b)
-    assert decoding.done and got[0].done and later[0].done and long.done
+    assert decoding.done and short.done and later.done and long.done
 
 
 def test_requests_over_one_shared_prefix_match_full_prefill(tiny_engine):
