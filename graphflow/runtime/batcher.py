@@ -242,20 +242,20 @@ class Batcher:
             room = self.max_rows - len(self._running)
             self._running += self._waiting[:room]
             del self._waiting[:room]
-            paused, self._paused = self._paused, None
-            if paused is not None and not self._short_ready(paused[1]):
-                forward, batch = paused
+            forward: _Forward | None = None
+            if self._paused is None:
+                batch = self._plan([])
+            elif self._short_ready(self._paused[1]):
+                batch = self._plan(self._paused[1])  # NOTE: runs through: one step is paused at a time
             else:
-                self._paused = paused
-                batch = self._plan([r for r, _ in paused[1]] if paused else [])
-                forward = None
+                (forward, batch), self._paused = self._paused, None
+            pausable = self._paused is None
             self.peak_rows = max(self.peak_rows, len(batch))
         if not batch:
             return []
         if forward is None:
             rows = [Row(t, r.cache, r.shared, logits=r._fed + len(t) >= len(r.tokens)) for r, t in batch]
             forward = forward_layers(self.engine.model, rows)
-        pausable = paused is None or forward is paused[0]  # NOTE: a step run while another is paused runs through
         try:
             logits = self._run(forward, batch, pausable and any(len(t) > 1 for _, t in batch))
         except Exception as exc:  # every request of the step gets the error; the loop goes on
@@ -306,23 +306,27 @@ class Batcher:
         fewer tokens left than a prefill ``busy`` runs a chunk of. Such a request is worth
         pausing ``busy``'s forward for, between two layers, so that it waits a layer instead of
         the whole step (the caller holds the lock)."""
-        held = {id(r) for r, _ in busy}
-        free = [r for r in self._running if id(r) not in held]
+        free = self._outside(busy)
         budget = self.max_batch_tokens - sum(1 for r in free if not r.prefill_left)
         chunked = max((r.prefill_left for r, t in busy if len(t) < r.prefill_left), default=0)
         ready = free + self._waiting[: self.max_rows - len(self._running)]
         return any(r.prefill_left > 0 and (r.prefill_left <= budget or r.prefill_left < chunked) for r in ready)
 
-    def _plan(self, busy: Sequence[Request] = ()) -> _Batch:
-        """This step's rows, from the running requests not in ``busy`` (a paused forward's):
+    def _outside(self, busy: _Batch) -> list[Request]:
+        """The running requests that have no row in ``busy`` (the caller holds the lock)."""
+        held = {id(r) for r, _ in busy}
+        return [r for r in self._running if id(r) not in held]
+
+    def _plan(self, busy: _Batch) -> _Batch:
+        """This step's rows, from the running requests outside ``busy`` (a paused forward's):
         every decoding request's last token, then the prefills that finish
         within ``max_batch_tokens``, fewest remaining tokens first; a prefill that cannot finish
         gets a chunk only in a step where no other prefill finishes (the caller holds the lock).
 
         Finishing the shortest prefills first, with nothing long added to their step, keeps a
-        short request's wait to the one step already running when it arrived."""
-        held = {id(r) for r in busy}
-        running = [r for r in self._running if id(r) not in held]
+        short request's wait to the step already running when it arrived, and that step pauses
+        for it when it holds prefill rows (:meth:`_short_ready`)."""
+        running = self._outside(busy)
         batch = [(r, [r.output[-1]]) for r in running if not r.prefill_left]
         budget = self.max_batch_tokens - len(batch)
         pending = sorted((r for r in running if r.prefill_left), key=lambda r: r.prefill_left)
