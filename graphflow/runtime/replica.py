@@ -12,7 +12,9 @@ context tokens [0 ── local ── lo ────── hi ─────�
    ─► admits / evictions for the manager, what it can rebuild now, a per-node trace
 ```
 
-The states it keeps live in ``runtime.replica_store``. Eviction, when a new state does not fit,
+The states it keeps live in ``runtime.replica_store``; its prefill and decode (engine loop or
+not, template KV or not) in ``runtime.replica_compute``; what it sends to peers (blocks, link
+probes, the faults ``check faults`` injects) in ``runtime.replica_sends``. Eviction, when a new state does not fit,
 follows ``runtime.kept``: lowest eviction score
 first (hits, bytes freed, age, the running workflows' steps until next use), never a state a
 ready node needs; ``eviction="oldest"`` keeps the old oldest-first order (an ablation).
@@ -28,15 +30,13 @@ from typing import Any
 
 import torch
 
-from graphflow.kv.block import ROOT_KEY, KVBlock, chain_keys, make_blocks_from_layers
+from graphflow.kv.block import ROOT_KEY, KVBlock, make_blocks_from_layers
 from graphflow.kv.differential.codecs import ResidualCodec
-from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.differential.store import KVMode
 from graphflow.kv.differential.template_kv import TemplateKV, TemplateStats, kv_mode
-from graphflow.kv.errors import MissingBlocks
-from graphflow.kv.exchange import receive_blocks, send_blocks, spec_for_prompt
+from graphflow.kv.exchange import receive_blocks, spec_for_prompt
 from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo
-from graphflow.kv.packing import blocks_to_cache, cache_to_blocks, layer_views
+from graphflow.kv.packing import cache_to_blocks, layer_views
 from graphflow.kv.state import Lineage, Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
@@ -49,10 +49,12 @@ from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates, check_policy
 from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS, MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
+from graphflow.runtime.replica_compute import NodeCompute
+from graphflow.runtime.replica_sends import FAULTS, Sends
 from graphflow.runtime.replica_store import ReplicaStore
 from graphflow.runtime.stats import ReplicaStats, Route
 from scheduler.policy import Option
-from transport.base import TransferSpec, Transport, TransportConfig
+from transport.base import Transport, TransportConfig
 from transport.memory import host_arena
 
 __all__ = ["EVICTION_POLICIES", "ReplicaConfig", "ReplicaWorker"]
@@ -128,10 +130,18 @@ class ReplicaWorker:
         held = KeptStates(config.eviction, clock)
         self.kept = ReplicaStore(store, held, config.name, self.engine.identity.model_key, config.block_tokens)
         self.store, self._held, self._lock = store, held, self.kept.lock  # NOTE: one lock for every store mutation
-        self._faults: list[str] = []
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
         self.templates = _templates(self.engine, config)
+        self.sends = Sends(
+            config.name,
+            self.transport,
+            store,
+            self._lock,
+            self.engine.identity.model_key,
+            config.block_tokens,
+            self.engine.kv_bytes_per_token() * config.block_tokens,
+        )
         arena, pool = host_arena(), min(config.prefault_bytes, config.capacity_bytes)
         # NOTE: the pool is kept beside the arena's room for recycling (receive buffers, message
         # spans), not in it: a pool of the whole room left nothing to recycle, so each landed in fresh pages
@@ -141,6 +151,7 @@ class ReplicaWorker:
         self.batcher, self.batching_off = self._engine_loop(self.threads if one_parallel else 0)
         if one_parallel and self.batcher is None:  # no loop after all: every thread computes
             torch.set_num_threads(self.threads)
+        self.compute = NodeCompute(self.engine, self.batcher, self.templates, self._lock)
         self._prefixes = SharedPrefixes(self.engine)
         self._arrivals = Arrivals()  # prefixes being received here, for nodes that wait for them
         self._active = 0  # node calls in this replica now (receiving, queued or running)
@@ -221,7 +232,7 @@ class ReplicaWorker:
                 self._arrivals.landed(ids[:hi])
         prefix = local + received
         cached = len(prefix) * self.config.block_tokens
-        batched = self.batcher is not None and not self._templated(plan, ids, cached)
+        batched = self.batcher is not None and not self.compute.templated(plan, ids, cached)
         # NOTE: _local_prefix verified every local block, the transport every received one
         shared = self._prefixes.acquire(prefix) if batched and prefix else None
         try:
@@ -231,9 +242,9 @@ class ReplicaWorker:
                 req = self.batcher.submit(ids[cached:], None, shared, max(1, plan.decode_steps))
                 first, rebuilt = req.wait_first(), 0
             else:
-                cache = self._cache_of(prefix)
+                cache = self.compute.cache_of(prefix)
                 marks.append(("rebuild", time.perf_counter()))
-                first, cache, rebuilt, why = self._prefill(plan, ids, cached, cache)
+                first, cache, rebuilt, why = self.compute.prefill(plan, ids, cached, cache)
                 notes += [why] if why else []
             ttft = time.perf_counter() - start
             marks.append(("prefill", start + ttft))
@@ -246,7 +257,7 @@ class ReplicaWorker:
             if batched:
                 output, cache = req.result(), req.cache
             else:
-                output = [first, *self._decode(cache, first, plan.decode_steps - 1)]
+                output = [first, *self.compute.decode(cache, first, plan.decode_steps - 1)]
         finally:
             if shared is not None:
                 self._prefixes.release(prefix)
@@ -276,63 +287,6 @@ class ReplicaWorker:
             phases=tuple((name, t - prev) for (_, prev), (name, t) in zip([("", start), *marks], marks, strict=False)),
         )
 
-    def _cache_of(self, blocks: list[KVBlock]) -> Any:
-        """A private cache holding ``blocks`` (verified already), or ``None`` for no blocks."""
-        if not blocks:
-            return None
-        return blocks_to_cache(blocks, self.engine.identity, self.engine.config, self.engine.device, verify_bytes=False)
-
-    def _templated(self, plan: NodePlan, ids: list[int], cached: int) -> bool:
-        """Whether the node's template goes through the template KV (rebuilt or learned)."""
-        tmpl = plan.template
-        start = len(ids) - (tmpl.tokens if tmpl else 0)
-        return not (
-            self.templates is None or tmpl is None or not tmpl.op or tmpl.tokens < 2 or start <= 0 or cached > start
-        )
-
-    def _forward(self, tokens: list[int], cache: Any) -> tuple[int, Any]:
-        """Run ``tokens`` after ``cache`` (a new one when ``None``); returns the greedy next
-        token and the grown cache. Through the engine loop when there is one."""
-        if self.batcher is not None:
-            cache = cache if cache is not None else self.engine.new_cache()
-            return self.batcher.generate(tokens, cache)[0], cache
-        pre = self.engine.prefill(tokens, cache)
-        return int(torch.argmax(pre.logits)), pre.cache
-
-    def _decode(self, cache: Any, first: int, steps: int) -> list[int]:
-        """``steps`` greedy tokens after ``first`` (through the engine loop when there is one)."""
-        if steps <= 0:
-            return []
-        if self.batcher is not None:
-            return self.batcher.generate([first], cache, max_new=steps)
-        return list(self.engine.decode_greedy(cache, first, steps).token_ids)
-
-    def _prefill(self, plan: NodePlan, ids: list[int], cached: int, cache: Any) -> tuple[int, Any, int, str]:
-        """Prefill ``ids[cached:]`` on ``cache``. With a template and a non-exact mode, the
-        template is rebuilt from base (+ residual) when the plan says RECONSTRUCT, else computed
-        exactly (and learned from). Returns (first token, cache, rebuilt tokens, a note or "")."""
-        if not self._templated(plan, ids, cached):
-            note = "no template to rebuild; prefilled it" if plan.option is Option.RECONSTRUCT else ""
-            return *self._forward(ids[cached:], cache), 0, note
-        assert self.templates is not None and plan.template is not None
-        tmpl = plan.template
-        start = len(ids) - tmpl.tokens
-        key, template = PathKey(tmpl.path, tmpl.op), ids[start:]
-        with self._lock:  # NOTE: a replica runs several nodes at once; the template store is shared
-            self.templates.prepare(key, template)
-        prefix = self._forward(ids[cached:start], cache)[1] if start > cached else cache
-        if plan.option is Option.RECONSTRUCT:
-            rebuilt = self.templates.rebuild(prefix, start, key, template)
-            if rebuilt is not None:
-                return *self._forward(ids[-1:], rebuilt), tmpl.tokens - 1, ""
-        note = (
-            "the planned base + residual is gone; prefilled the template" if plan.option is Option.RECONSTRUCT else ""
-        )
-        first, full = self._forward(template, prefix)
-        with self._lock:
-            self.templates.learn(key, full, start, tmpl.tokens)
-        return first, full, 0, note
-
     def materialize(self, state_id: str, tokens: Sequence[int]) -> MaterializeResult:
         """Prefill ``tokens`` once and store them as ``state_id`` (the task context root); the
         leading blocks this replica already holds (a context computed upstream, or submitted
@@ -354,7 +308,7 @@ class ReplicaWorker:
                 self._prefixes.release(local)
             blocks = self._cut(ids, req.cache, local)
         else:
-            blocks = self._cut(ids, self._forward(ids[cached:], self._cache_of(local))[1], [])
+            blocks = self._cut(ids, self.compute.forward(ids[cached:], self.compute.cache_of(local))[1], [])
         admit, more = self.kept.store_state(blocks, Lineage("materialize"), state_id, ids)
         seconds = time.perf_counter() - begin
         events: tuple[AdmitEvent | EvictEvent, ...] = (*evicted, *more, *([admit] if admit else []))
@@ -440,69 +394,21 @@ class ReplicaWorker:
         (``TransferAborted``) instead of at the transfer deadline."""
         self.transport.abort_recv(transfer_id, why)
 
-    FAULTS = ("drop-send", "corrupt-send", "corrupt-store", "lose-send")
+    FAULTS = FAULTS
 
     def inject_fault(self, fault: str) -> None:
-        """Fault injection for ``graphflow check faults``: the next send misbehaves once.
-
-        ``drop-send`` sends nothing (the receiver times out); ``corrupt-send`` flips one payload
-        byte after the checksums were taken (the receiver's verification must catch it);
-        ``corrupt-store`` flips one byte of every stored block now, in place (reuse must catch it);
-        ``lose-send`` fails the send as if the blocks were evicted first (``MissingBlocks``: the
-        executor must call the receive off).
-        """
-        if fault not in self.FAULTS:
-            raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(self.FAULTS)}")
-        if fault == "corrupt-store":
-            with self._lock:
-                seen: set[int] = set()
-                for sid in self._held:
-                    for b in self.store.blocks(sid):
-                        if b.key not in seen:  # NOTE: flipping a shared block twice would heal it
-                            seen.add(b.key)
-                            b.tensor.view(torch.uint8).view(-1)[0] ^= 0xFF
-            return
-        self._faults.append(fault)
+        """Fault injection for ``graphflow check faults``: the next send misbehaves once
+        (:meth:`Sends.inject_fault <graphflow.runtime.replica_sends.Sends.inject_fault>`)."""
+        self.sends.inject_fault(fault, self._held)
 
     def send_blocks(self, tokens: Sequence[int], lo: int, peer: str, transfer_id: int) -> int:
-        """Send the blocks of ``tokens[lo:]`` (full blocks, in the chain of ``tokens``) to
-        ``peer``; returns bytes sent. Raises ``MissingBlocks`` if this store lost any."""
-        bt = self.config.block_tokens
-        n = len(tokens) // bt * bt
-        keys = chain_keys(list(tokens[:n]), self.engine.identity.model_key, bt)[lo // bt :]
-        with self._lock:
-            missing = [k for k in keys if not self.store.has_block(k)]
-            if missing:
-                raise MissingBlocks(
-                    f"replica {self.config.name} no longer holds {len(missing)} of the blocks asked for"
-                )
-            blocks = [self.store.block(k) for k in keys]
-        fault = self._faults.pop(0) if self._faults else ""
-        if fault == "drop-send":
-            return 0
-        if fault == "lose-send":
-            raise MissingBlocks(f"replica {self.config.name} lost the blocks asked for (injected fault)")
-        if fault == "corrupt-send":
-            from graphflow.kv.codec import to_wire
-
-            headers, tensors = to_wire(blocks)
-            tensors = [t.clone() for t in tensors]
-            tensors[0].view(torch.uint8).view(-1)[0] ^= 0xFF
-            return self.transport.send(TransferSpec.for_headers(transfer_id, peer, headers), headers, tensors).nbytes
-        return send_blocks(self.transport, blocks, peer, transfer_id).nbytes
+        """Send the blocks of ``tokens[lo:]`` to ``peer``; returns bytes sent. Raises
+        ``MissingBlocks`` if this store lost any."""
+        return self.sends.send_blocks(tokens, lo, peer, transfer_id)
 
     def probe(self, peer: str, nbytes: int, transfer_id: int, send: bool) -> float:
-        """One synthetic transfer of ``nbytes`` in blocks of this model's block size, to or
-        from ``peer``; returns the receiver's measured seconds (0 on the sending side)."""
-        from transport.probe import probe_blocks
-
-        headers, tensors = probe_blocks(nbytes, self.engine.kv_bytes_per_token() * self.config.block_tokens)
-        if send:
-            self.transport.send(TransferSpec.for_headers(transfer_id, peer, headers), headers, tensors)
-            return 0.0
-        start = time.perf_counter()
-        self.transport.recv(TransferSpec.for_headers(transfer_id, peer, headers))
-        return time.perf_counter() - start
+        """One synthetic transfer of ``nbytes`` to or from ``peer``; the receiver's seconds."""
+        return self.sends.probe(peer, nbytes, transfer_id, send)
 
     def end_run(self, run_id: str) -> None:
         """The executor finished ``run_id`` (or gave up on it): the states its ready nodes
