@@ -235,18 +235,17 @@ def connect(
     from graphflow.runtime.actors import RayCluster
     from graphflow.runtime.cluster import connect as ray_connect
     from graphflow.runtime.cluster import start_local
+    from graphflow.runtime.deployment import Deployment
 
     if address is None:
         ray = start_local()
-        cluster = RayCluster.start(
-            ray,
+        want = Deployment(
             model,
             replicas,
+            kv_mode,
             capacity_mib << 20,
-            kv_mode=kv_mode,
-            transport=transport,
-            device=device,
-            replace_existing=True,
+            transport,
+            device,
             recompute_head=recompute_head,
             threads=threads,
             prefault_bytes=prefault_mib << 20,
@@ -255,6 +254,7 @@ def connect(
             templates=templates,
             recompute_fraction=recompute_fraction,
         )
+        cluster = RayCluster.start(ray, want, replace_existing=True)
         calibration = calibrate_cluster(cluster)
     else:
         ray = ray_connect(address)

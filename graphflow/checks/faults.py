@@ -42,6 +42,7 @@ from typing import Any
 
 from graphflow.client import calibrate_cluster
 from graphflow.runtime.actors import NAMESPACE, RayCluster, replica_name
+from graphflow.runtime.deployment import Deployment
 from graphflow.runtime.errors import error_message, root_cause
 from graphflow.runtime.executor import WorkflowExecutor
 from graphflow.runtime.trace import NodeTrace, RunResult
@@ -137,16 +138,14 @@ class FaultSuite:
                 self._kill_replica(replica_name(i))
         # NOTE: detached, as `graphflow serve` deploys: a non-detached actor would die with the last
         # handle of the deployment object that created it
+        want = Deployment(self.model, self.replicas, capacity_bytes=capacity_bytes, spread=self.spread)
         cluster = RayCluster.start(
             self.ray,
-            self.model,
-            self.replicas,
-            capacity_bytes,
+            want,
             detached=True,
             replace_existing=fresh,
             snapshot_dir=self.snapshot_dir,
             timeout_s=self.timeout_s,
-            spread=self.spread,
         )
         self.cluster = cluster
         return cluster

@@ -105,8 +105,9 @@ def serve(
     from graphflow.client import CALIBRATION_KEY, calibrate_cluster
     from graphflow.models.fetch import cache_root
     from graphflow.models.registry import resolve
-    from graphflow.runtime.actors import Deployment, RayCluster
+    from graphflow.runtime.actors import RayCluster
     from graphflow.runtime.cluster import connect, start_head, wait_for_nodes
+    from graphflow.runtime.deployment import Deployment
 
     resolve(model)
     if min_nodes < 0:
@@ -114,7 +115,7 @@ def serve(
     if min_nodes > 1 and not address:
         raise ValueError("--min-nodes above 1 needs --address (a cluster workers join); a local head is one node")
     prefault = capacity_mib << 20 if prefault_mib < 0 else prefault_mib << 20
-    Deployment(
+    want = Deployment(
         model,
         replicas,
         kv_mode,
@@ -141,27 +142,7 @@ def serve(
         wait_for_nodes(ray, min_nodes, say=say)
     say(f"starting {replicas} replicas of {model}")
     snapshots = snapshot_dir or str(cache_root() / "manager-snapshot")
-    cluster = RayCluster.start(
-        ray,
-        model,
-        replicas,
-        capacity_mib << 20,
-        detached=True,
-        snapshot_dir=snapshots,
-        kv_mode=kv_mode,
-        transport=transport,
-        device=device,
-        gpus_per_replica=gpus_per_replica,
-        replace_existing=replace,
-        recompute_head=recompute_head,
-        threads=threads,
-        prefault_bytes=prefault,
-        spread=spread,
-        batching=not no_batching,
-        max_batch_tokens=max_batch_tokens,
-        templates=templates,
-        recompute_fraction=recompute_fraction,
-    )
+    cluster = RayCluster.start(ray, want, detached=True, snapshot_dir=snapshots, replace_existing=replace)
     previous = None if recalibrate else cluster.shared(CALIBRATION_KEY)
     say(
         "measuring prefill and replica-to-replica transfer costs for the scheduler"

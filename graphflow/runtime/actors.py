@@ -14,19 +14,17 @@ import contextlib
 import importlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import ray
 
-from graphflow.kv.differential.template_kv import kv_mode as kv_mode_of
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
+from graphflow.runtime.deployment import TRANSPORTS, Deployment
 from graphflow.runtime.errors import Unavailable, load_or_why
-from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
 from graphflow.runtime.stats import NodeInfo, ReplicaStats
-from graphflow.workflow.templates import template_set
 
 __all__ = [
     "BOARD_NAME",
@@ -48,7 +46,6 @@ BOARD_NAME = "graphflow-board"
 SNAPSHOT_KEY = "snapshot_dir"
 DEPLOYMENT_KEY = "deployment"
 NAMESPACE = "graphflow"
-TRANSPORTS = ("ucx", "ray")  # how served replicas move KV between each other
 STATUS_GROUP = "status"  # a replica's own threads for cheap calls (queue length, stats), never behind its nodes
 # NOTE: a node's KV buffers (the rebuilt cache, each layer's grown keys and values) are tens to
 # hundreds of MiB; glibc hands them back to the OS when freed, from the actor's thread arenas
@@ -60,62 +57,6 @@ REPLICA_ENV = {
     "MALLOC_TRIM_THRESHOLD_": str(2**32 - 1),
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Deployment:
-    """What a deployment serves; kept on its board so a second ``serve`` can tell."""
-
-    model: str
-    replicas: int
-    kv_mode: str = "exact"
-    capacity_bytes: int = 1 << 30
-    transport: str = "ucx"
-    device: str = "cpu"
-    gpus_per_replica: float = 0.0
-    recompute_head: int = 12  # differential: template tokens recomputed after the prefix, not rebuilt
-    threads: int = 0  # torch threads per replica (0: every core of its host)
-    prefault_bytes: int = 0  # KV memory each replica faults in at start (0: on demand)
-    spread: bool = False  # replicas round-robin over the cluster's nodes, the manager on the head
-    batching: bool = True  # each replica's nodes share forward passes (runtime.batcher); off: one at a time
-    max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens per engine step (decodes + prefill chunks)
-    templates: str = "short"  # the operation templates clients compile workflows with (short | detailed)
-    recompute_fraction: float = 0.0  # differential: at least this fraction of each template recomputed
-
-    def __post_init__(self) -> None:
-        if self.recompute_head < 0:
-            raise ValueError(f"recompute_head must be non-negative, got {self.recompute_head}")
-        if not 0 <= self.recompute_fraction <= 1:
-            raise ValueError(f"--recompute-fraction must lie in [0, 1], got {self.recompute_fraction}")
-        if self.replicas <= 0:
-            raise ValueError(f"need at least one replica, got {self.replicas}")
-        if self.transport not in TRANSPORTS:
-            raise ValueError(
-                f"unknown transport {self.transport!r} for served replicas; use one of {', '.join(TRANSPORTS)}"
-            )
-        if self.device.startswith("cuda") and self.gpus_per_replica <= 0:
-            raise ValueError("a cuda deployment needs --gpus-per-replica > 0 so Ray places each replica on a GPU")
-        if self.threads < 0 or self.prefault_bytes < 0:
-            raise ValueError("threads and prefault must be non-negative")
-        if self.gpus_per_replica < 0:
-            raise ValueError(f"gpus_per_replica must be non-negative, got {self.gpus_per_replica}")
-        if self.batching and self.max_batch_tokens <= BATCH_ROWS:
-            raise ValueError(
-                f"--max-batch-tokens must exceed {BATCH_ROWS} (a step holds every running decode), "
-                f"got {self.max_batch_tokens}"
-            )
-        kv_mode_of(self.kv_mode)  # a clear error here rather than from inside every actor
-        template_set(self.templates)
-
-    def describe(self) -> str:
-        threads = f"{self.threads} threads" if self.threads else "all cores"
-        spread = ", spread over nodes" if self.spread else ""
-        batching = f"batching {self.max_batch_tokens} tokens/step" if self.batching else "no batching"
-        return (
-            f"{self.replicas} × {self.model} ({self.kv_mode} KV, {self.capacity_bytes >> 20} MiB each, "
-            f"{self.prefault_bytes >> 20} MiB prefaulted, {self.transport}, {self.device}, {threads}, "
-            f"{batching}{spread}, {self.templates} templates)"
-        )
 
 
 class ReplicaActor(ReplicaWorker):
@@ -183,6 +124,26 @@ def replica_name(i: int) -> str:
     return f"graphflow-replica-{i}"
 
 
+def _replica_config(want: Deployment, name: str, timeout_s: float, eviction: str) -> ReplicaConfig:
+    """The replica ``name`` of deployment ``want``."""
+    return ReplicaConfig(
+        name,
+        want.model,
+        want.capacity_bytes,
+        transport=want.transport,
+        timeout_s=timeout_s,
+        kv_mode=want.kv_mode,
+        device=want.device,
+        eviction=eviction,
+        recompute_head=want.recompute_head,
+        recompute_fraction=want.recompute_fraction,
+        threads=want.threads,
+        prefault_bytes=want.prefault_bytes,
+        batching=want.batching,
+        max_batch_tokens=want.max_batch_tokens,
+    )
+
+
 class Board:
     """Named values shared by a deployment and its clients."""
 
@@ -225,60 +186,22 @@ class RayCluster:
     def start(
         cls,
         ray: Any,
-        model: str,
-        n: int,
-        capacity_bytes: int = 1 << 30,
+        want: Deployment,
         detached: bool = False,
         snapshot_dir: str = "",
         timeout_s: float = 120.0,
-        kv_mode: str = "exact",
-        transport: str = "ucx",
-        device: str = "cpu",
-        gpus_per_replica: float = 0.0,
         replace_existing: bool = False,
         eviction: str = "score",
-        recompute_head: int = 12,
-        threads: int = 0,
-        prefault_bytes: int = 0,
-        spread: bool = False,
-        batching: bool = True,
-        max_batch_tokens: int = MAX_BATCH_TOKENS,
-        templates: str = "short",
-        recompute_fraction: float = 0.0,
     ) -> RayCluster:
-        """Create the manager and ``n`` replica actors, unless this deployment already runs.
+        """Create the manager and the replica actors of ``want``, unless it already runs.
 
-        A running deployment of the same model, replicas, mode, capacity, transport and device
-        is attached to; one of anything else is refused with ``ValueError`` naming both, or,
-        with ``replace_existing``, shut down first. With ``snapshot_dir`` the manager snapshots
-        its catalog there (Parquet), and a manager that dies is restarted from it plus what the
-        replicas report holding. ``transport``: how replicas move KV (``ucx``; ``ray`` where
-        UCX cannot connect). ``device``: ``cpu`` or ``cuda`` (``gpus_per_replica`` GPUs each).
-        ``threads``: torch threads per replica (0: every core). ``prefault_bytes``: KV memory each
-        replica faults in when it starts, so receives land in touched pages (0: on demand).
-        ``spread``: replica ``i`` on the ``i mod N``-th alive node (the head first, then by
-        address), the manager and board on the head; otherwise Ray places them. ``batching``: each
-        replica's nodes share forward passes of ``max_batch_tokens`` tokens (else one at a time,
-        four at once). ``templates``: the operation templates clients of this deployment compile
-        workflows with (short or detailed). Differential replicas recompute each template's first
-        ``recompute_head`` tokens, or ``recompute_fraction`` of them where that is more."""
-        want = Deployment(
-            model,
-            n,
-            kv_mode,
-            capacity_bytes,
-            transport,
-            device,
-            gpus_per_replica,
-            recompute_head,
-            threads,
-            prefault_bytes,
-            spread,
-            batching,
-            max_batch_tokens,
-            templates,
-            recompute_fraction,
-        )
+        A running deployment that equals ``want`` is attached to; one of anything else is
+        refused with ``ValueError`` naming both, or, with ``replace_existing``, shut down first.
+        With ``snapshot_dir`` the manager snapshots its catalog there (Parquet), and a manager
+        that dies is restarted from it plus what the replicas report holding. With
+        ``want.spread``, replica ``i`` runs on the ``i mod N``-th alive node (the head first, then
+        by address) and the manager and board on the head; otherwise Ray places them. Replicas
+        give up on a transfer after ``timeout_s`` and evict by ``eviction``."""
         running = cls._running(ray)
         if running is not None and running != want:
             if not replace_existing:
@@ -289,7 +212,7 @@ class RayCluster:
             cls.attach(ray).shutdown()
             time.sleep(1.0)  # NOTE: let Ray release the actors' names before they are created again
         life = {"lifetime": "detached"} if detached else {}
-        nodes = spread_nodes(ray) if spread else []
+        nodes = spread_nodes(ray) if want.spread else []
         head = {"scheduling_strategy": on_node(nodes[0])} if nodes else {}
         manager = (
             ray.remote(KVStateManager)
@@ -302,26 +225,11 @@ class RayCluster:
             .remote()
         )
         _live_replicas(ray, manager)  # a replica that died is started afresh below, with an empty store
-        names = [replica_name(i) for i in range(n)]
+        names = [replica_name(i) for i in range(want.replicas)]
         handles = {}
         for i, name in enumerate(names):
             place = {"scheduling_strategy": on_node(nodes[i % len(nodes)])} if nodes else {}
-            cfg = ReplicaConfig(
-                name,
-                model,
-                capacity_bytes,
-                transport=transport,
-                timeout_s=timeout_s,
-                kv_mode=kv_mode,
-                device=device,
-                eviction=eviction,
-                recompute_head=recompute_head,
-                recompute_fraction=recompute_fraction,
-                threads=threads,
-                prefault_bytes=prefault_bytes,
-                batching=batching,
-                max_batch_tokens=max_batch_tokens,
-            )
+            cfg = _replica_config(want, name, timeout_s, eviction)
             # NOTE: with the engine loop, the actor's threads only wait on it (its queue bounds them);
             # without it, each thread runs a forward of its own on the same cores
             actor = ray.remote(concurrency_groups={STATUS_GROUP: 2})(ReplicaActor).options(
@@ -329,8 +237,8 @@ class RayCluster:
                 namespace=NAMESPACE,
                 get_if_exists=True,
                 num_cpus=0,
-                num_gpus=gpus_per_replica,
-                max_concurrency=cfg.max_queue if batching else 4,
+                num_gpus=want.gpus_per_replica,
+                max_concurrency=cfg.max_queue if want.batching else 4,
                 runtime_env={"env_vars": REPLICA_ENV},
                 **life,
                 **place,

@@ -1,0 +1,71 @@
+"""What a deployment serves: the settings ``graphflow serve`` and ``connect()`` start replicas
+with, checked before anything starts (one sentence per mistake) and kept on the deployment's
+board, so a second ``serve`` or an embedded client can tell whether it runs the same thing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphflow.kv.differential.template_kv import kv_mode as kv_mode_of
+from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
+from graphflow.workflow.templates import template_set
+
+__all__ = ["TRANSPORTS", "Deployment"]
+
+TRANSPORTS = ("ucx", "ray")  # how served replicas move KV between each other
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """What a deployment serves; kept on its board so a second ``serve`` can tell."""
+
+    model: str
+    replicas: int
+    kv_mode: str = "exact"
+    capacity_bytes: int = 1 << 30
+    transport: str = "ucx"
+    device: str = "cpu"
+    gpus_per_replica: float = 0.0
+    recompute_head: int = 12  # differential: template tokens recomputed after the prefix, not rebuilt
+    threads: int = 0  # torch threads per replica (0: every core of its host)
+    prefault_bytes: int = 0  # KV memory each replica faults in at start (0: on demand)
+    spread: bool = False  # replicas round-robin over the cluster's nodes, the manager on the head
+    batching: bool = True  # each replica's nodes share forward passes (runtime.batcher); off: one at a time
+    max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens per engine step (decodes + prefill chunks)
+    templates: str = "short"  # the operation templates clients compile workflows with (short | detailed)
+    recompute_fraction: float = 0.0  # differential: at least this fraction of each template recomputed
+
+    def __post_init__(self) -> None:
+        if self.recompute_head < 0:
+            raise ValueError(f"recompute_head must be non-negative, got {self.recompute_head}")
+        if not 0 <= self.recompute_fraction <= 1:
+            raise ValueError(f"--recompute-fraction must lie in [0, 1], got {self.recompute_fraction}")
+        if self.replicas <= 0:
+            raise ValueError(f"need at least one replica, got {self.replicas}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(
+                f"unknown transport {self.transport!r} for served replicas; use one of {', '.join(TRANSPORTS)}"
+            )
+        if self.device.startswith("cuda") and self.gpus_per_replica <= 0:
+            raise ValueError("a cuda deployment needs --gpus-per-replica > 0 so Ray places each replica on a GPU")
+        if self.threads < 0 or self.prefault_bytes < 0:
+            raise ValueError("threads and prefault must be non-negative")
+        if self.gpus_per_replica < 0:
+            raise ValueError(f"gpus_per_replica must be non-negative, got {self.gpus_per_replica}")
+        if self.batching and self.max_batch_tokens <= BATCH_ROWS:
+            raise ValueError(
+                f"--max-batch-tokens must exceed {BATCH_ROWS} (a step holds every running decode), "
+                f"got {self.max_batch_tokens}"
+            )
+        kv_mode_of(self.kv_mode)  # a clear error here rather than from inside every actor
+        template_set(self.templates)
+
+    def describe(self) -> str:
+        threads = f"{self.threads} threads" if self.threads else "all cores"
+        spread = ", spread over nodes" if self.spread else ""
+        batching = f"batching {self.max_batch_tokens} tokens/step" if self.batching else "no batching"
+        return (
+            f"{self.replicas} × {self.model} ({self.kv_mode} KV, {self.capacity_bytes >> 20} MiB each, "
+            f"{self.prefault_bytes >> 20} MiB prefaulted, {self.transport}, {self.device}, {threads}, "
+            f"{batching}{spread}, {self.templates} templates)"
+        )
