@@ -19,7 +19,6 @@ injected ``clock`` (seconds; the manager's catalog stores them relative to its e
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -30,6 +29,7 @@ from graphflow.kv.events import ReplicaInfo, TemplateEvent, TemplateHolding
 from graphflow.runtime.errors import Unavailable, root_cause
 from graphflow.runtime.order import levels, next_use
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult, TemplateRef
+from graphflow.runtime.run_state import Flight, RunState
 from graphflow.runtime.trace import MATERIALIZE, NodeTrace, RunResult
 from graphflow.workflow.compile import ROOT, ExecGraph, node_context, node_path
 from scheduler.cost import LinkMatrix, LinkSpec
@@ -41,7 +41,6 @@ from scheduler.policy import (
     ResidualCopy,
     StateRequest,
     place,
-    prefill_work_s,
     recompute,
 )
 from transport.base import transfer_ids
@@ -140,123 +139,98 @@ class WorkflowExecutor:
         c = self.cluster
         pin = dict(pin or {})
         self._check_pin(gs, pin)
-        begin = time.perf_counter()
+        st = RunState(run_id, list(task_ids), list(c.replicas), reuse, pin, force, transfers)
         self._refresh_info()
-        traces: list[NodeTrace] = []
         if reuse:
-            traces.append(self.materialize_root(f"{run_id}:{ROOT}", task_ids, pin.get(ROOT, "")))
-        tokens: dict[str, list[int]] = {ROOT: list(task_ids)}
-        results: dict[str, NodeResult] = {}
-        outputs: dict[str, tuple[int, ...]] = {}
-        decisions: list[Decision] = []
-        in_flight: dict[Any, tuple[str, Decision, list[Any], float, float]] = {}  # + decided at, decide s
-        sending: dict[Any, tuple[str, int]] = {}  # a transfer's send handle → (receiver, transfer id)
-        load = {r: 0 for r in c.replicas}  # this run's nodes in flight on each replica
-        transferring: dict[str, tuple[int, ...]] = {}  # replica → the prefix a transfer in flight brings it
-        retry: dict[str, str] = {}  # node → why its last attempt failed (it is recomputed)
-        attempts: dict[str, int] = {}
-        turn = itertools.count()
+            st.traces.append(self.materialize_root(f"{run_id}:{ROOT}", task_ids, pin.get(ROOT, "")))
+        st.tokens[ROOT] = list(task_ids)
         level = levels(gs)
-        while len(results) < len(gs.nodes):
-            launched = {v[0] for v in in_flight.values()}
-            ready = gs.ready(set(results))
+        while len(st.results) < len(gs.nodes):
+            launched = st.launched()
+            ready = gs.ready(set(st.results))
             for nid in ready:
-                if nid in launched:
-                    continue
-                node = gs.node(nid)
-                t0 = time.perf_counter()
-                ctx = node_context(node, tokens, outputs, task_ids, self._encode)
-                tokens[nid] = ctx
-                tmpl = TemplateRef(node.role, node_path(gs, nid), len(self._encode(node.template)))
-                pinned = pin.get(nid, "")
-                if pinned not in c.replicas:  # unpinned, or pinned to a replica since lost: no longer binds
-                    pinned = ""
-                arriving = self._arriving(ctx, transferring) if reuse else {}
-                if nid in retry:
-                    d = recompute(
-                        pinned or min(c.replicas, key=lambda r: load[r]),
-                        len(ctx),
-                        self.bpt,
-                        self.policy,
-                        retry[nid],
-                        fallback=retry[nid],
-                    )
-                elif reuse:
-                    work = dict.fromkeys(load, 0.0)  # the prefill seconds this run's nodes in flight take
-                    for _, flying, *_ in in_flight.values():
-                        work[flying.replica] += prefill_work_s(flying, self.policy)
-                    d = self._decide(ctx, tmpl, load, work, pinned, force, transfers, arriving)
-                else:
-                    d = recompute(
-                        pinned or c.replicas[next(turn) % len(c.replicas)], len(ctx), self.bpt, self.policy, "reuse off"
-                    )
-                if d.option is Option.TRANSFER and d.replica in transferring:
-                    continue  # NOTE: another prefix is moving there; once it has, this one is decided again
-                awaits = arriving.get(d.replica, 0) if d.option in (Option.REUSE, Option.RECONSTRUCT) else 0
-                awaits = awaits if d.local_tokens >= awaits else 0
-                attempts[nid] = attempts.get(nid, 0) + 1
-                kept = tuple(p for p in node.preds if results[p].admit is not None)  # lineage: states that exist
-                plan = self._plan(
-                    run_id,
-                    nid,
-                    ctx,
-                    d,
-                    reuse,
-                    kept,
-                    tmpl,
-                    next_use(gs, set(results), ready, run_id, level) if reuse else (),
-                    awaits,
-                )
-                try:
-                    handles = self._launch(plan, d, ctx)
-                except Exception as exc:
-                    if not c.is_replica_failure(exc):
-                        raise
-                    for r in {d.replica, d.source} - {""}:
-                        if not self._alive(r):
-                            self._lose(r)
-                    continue  # decided again on the replicas that are left
-                if d.option is Option.TRANSFER:
-                    transferring[d.replica] = tuple(ctx[: d.source_tokens])
-                    sending[handles[1]] = (d.replica, plan.transfer_id)
-                in_flight[handles[0]] = (nid, d, handles, t0, time.perf_counter() - t0)
-                load[d.replica] += 1
-            if not in_flight:
+                if nid not in launched:
+                    self._start(st, gs, nid, ready, level)
+            if not st.in_flight:
                 continue
-            done = c.wait_one([*in_flight, *sending])
-            if done in sending:
-                self._sent(done, *sending.pop(done))
-                continue
-            nid, d, handles, t0, decide_s = in_flight.pop(done)
-            for h in handles[1:]:
-                sending.pop(h, None)
-            load[d.replica] -= 1
-            if d.option is Option.TRANSFER:
-                transferring.pop(d.replica, None)
-            try:
-                res: NodeResult = c.get(done)
-            except Exception as exc:
-                retry[nid] = self._failed(exc, d, handles, attempts[nid])
-                continue
-            self._finish_sends(d, handles[1:])
-            if reuse and res.replica in c.replicas:  # a lost replica's KV is gone
-                self._report(res)
-            results[nid] = res
-            outputs[nid] = res.output_ids
-            retry.pop(nid, None)
-            decisions.append(d.with_measured(res.total_s))
-            traces.append(self._trace(nid, d, res, len(tokens[nid]), decide_s, time.perf_counter() - t0))
-            if on_node is not None:
-                on_node(traces[-1])
-        final = gs.outputs[-1]
-        return RunResult(
-            outputs=outputs,
-            texts={k: v.text for k, v in results.items()},
-            final=results[final].text,
-            trace=tuple(traces),
-            decisions=tuple(decisions),
-            wall_s=time.perf_counter() - begin,
-        )
+            done = c.wait_one([*st.in_flight, *st.sending])
+            if done in st.sending:
+                self._sent(done, *st.sending.pop(done))
+            else:
+                self._collect(st, done, on_node)
+        return st.result(gs.outputs[-1])
+
+    def _start(self, st: RunState, gs: ExecGraph, nid: str, ready: Sequence[str], level: dict[str, int]) -> None:
+        """Decide ready node ``nid`` and launch it (a transfer into a replica another transfer
+        is filling, or a launch that finds a replica gone, is left to the next round)."""
+        c = self.cluster
+        node = gs.node(nid)
+        t0 = time.perf_counter()
+        ctx = node_context(node, st.tokens, st.outputs, st.task_ids, self._encode)
+        st.tokens[nid] = ctx
+        tmpl = TemplateRef(node.role, node_path(gs, nid), len(self._encode(node.template)))
+        pinned = st.pin.get(nid, "")
+        if pinned not in c.replicas:  # unpinned, or pinned to a replica since lost: no longer binds
+            pinned = ""
+        arriving = self._arriving(ctx, st.transferring) if st.reuse else {}
+        d = self._choose(st, nid, ctx, tmpl, pinned, arriving)
+        if d.option is Option.TRANSFER and d.replica in st.transferring:
+            return  # NOTE: another prefix is moving there; once it has, this one is decided again
+        awaits = arriving.get(d.replica, 0) if d.option in (Option.REUSE, Option.RECONSTRUCT) else 0
+        awaits = awaits if d.local_tokens >= awaits else 0
+        st.attempts[nid] = st.attempts.get(nid, 0) + 1
+        kept = tuple(p for p in node.preds if st.results[p].admit is not None)  # lineage: states that exist
+        soon = next_use(gs, set(st.results), ready, st.run_id, level) if st.reuse else ()
+        plan = self._plan(st.run_id, nid, ctx, d, st.reuse, kept, tmpl, soon, awaits)
+        try:
+            handles = self._launch(plan, d, ctx)
+        except Exception as exc:
+            if not c.is_replica_failure(exc):
+                raise
+            for r in {d.replica, d.source} - {""}:
+                if not self._alive(r):
+                    self._lose(r)
+            return  # decided again on the replicas that are left
+        st.started(Flight(nid, d, handles, t0, time.perf_counter() - t0), ctx, plan.transfer_id)
+
+    def _choose(
+        self,
+        st: RunState,
+        nid: str,
+        ctx: list[int],
+        tmpl: TemplateRef,
+        pinned: str,
+        arriving: Mapping[str, int],
+    ) -> Decision:
+        """The scheduler's decision for ``nid``; a retried node, or any with reuse off, recomputes."""
+        c = self.cluster
+        if nid in st.retry:
+            where = pinned or min(c.replicas, key=lambda r: st.load[r])
+            return recompute(where, len(ctx), self.bpt, self.policy, st.retry[nid], fallback=st.retry[nid])
+        if st.reuse:
+            load, work = st.load, st.work_s(self.policy)
+            return self._decide(ctx, tmpl, load, work, pinned, st.force, st.transfers, arriving)
+        where = pinned or c.replicas[next(st.turn) % len(c.replicas)]
+        return recompute(where, len(ctx), self.bpt, self.policy, "reuse off")
+
+    def _collect(self, st: RunState, done: Any, on_node: Callable[[NodeTrace], None] | None) -> None:
+        """A node call finished: report its result to the manager and record it, or, when it
+        failed, mark the node for recompute."""
+        c = self.cluster
+        flight = st.landed(done)
+        nid, d = flight.node, flight.decision
+        try:
+            res: NodeResult = c.get(done)
+        except Exception as exc:
+            st.retry[nid] = self._failed(exc, d, flight.handles, st.attempts[nid])
+            return
+        self._finish_sends(d, flight.handles[1:])
+        if st.reuse and res.replica in c.replicas:  # a lost replica's KV is gone
+            self._report(res)
+        latency = time.perf_counter() - flight.t0
+        st.done(flight, res, self._trace(nid, d, res, len(st.tokens[nid]), flight.decide_s, latency))
+        if on_node is not None:
+            on_node(st.traces[-1])
 
     # ---- one node ------------------------------------------------------------------------
     def _decide(

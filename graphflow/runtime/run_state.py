@@ -1,0 +1,114 @@
+"""What one run of the executor tracks between launching its nodes and collecting them.
+
+A :class:`RunState` holds the run's options, the contexts and results so far, the node attempts
+in flight (:class:`Flight`: a node call, and for a transfer the source's send), the prefixes
+transfers are bringing to each replica, and the nodes to recompute after a failed attempt.
+The executor (``runtime.executor``) decides and launches; this class only keeps the books.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphflow.runtime.plan import NodeResult
+from graphflow.runtime.trace import NodeTrace, RunResult
+from scheduler.policy import Decision, Option, Policy, prefill_work_s
+
+__all__ = ["Flight", "RunState"]
+
+
+@dataclass(frozen=True, slots=True)
+class Flight:
+    """One node attempt in flight: ``handles`` are its node call, then the source's send (a
+    transfer); ``t0`` is when deciding it began, ``decide_s`` what deciding took."""
+
+    node: str
+    decision: Decision
+    handles: list[Any]
+    t0: float
+    decide_s: float
+
+
+@dataclass
+class RunState:
+    """One run: its options (``reuse``, ``pin``, ``force``, ``transfers``: see
+    ``WorkflowExecutor.run``) and its books (see the module docstring)."""
+
+    run_id: str
+    task_ids: list[int]
+    replicas: Sequence[str]
+    reuse: bool = True
+    pin: Mapping[str, str] = field(default_factory=dict)
+    force: Option | None = None
+    transfers: bool = True
+    tokens: dict[str, list[int]] = field(default_factory=dict)  # each node's context (ROOT: the task's)
+    results: dict[str, NodeResult] = field(default_factory=dict)
+    decisions: list[Decision] = field(default_factory=list)
+    traces: list[NodeTrace] = field(default_factory=list)
+    in_flight: dict[Any, Flight] = field(default_factory=dict)  # by the node call's handle
+    sending: dict[Any, tuple[str, int]] = field(default_factory=dict)  # a send's handle → (receiver, transfer id)
+    load: dict[str, int] = field(default_factory=dict)  # this run's nodes in flight on each replica
+    transferring: dict[str, tuple[int, ...]] = field(default_factory=dict)  # replica → the prefix coming to it
+    retry: dict[str, str] = field(default_factory=dict)  # node → why its last attempt failed (recomputed)
+    attempts: dict[str, int] = field(default_factory=dict)
+    turn: Iterator[int] = field(default_factory=itertools.count)  # round robin with reuse off
+    begin: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.load = dict.fromkeys(self.replicas, 0) | self.load
+
+    @property
+    def outputs(self) -> dict[str, tuple[int, ...]]:
+        return {nid: res.output_ids for nid, res in self.results.items()}
+
+    def launched(self) -> set[str]:
+        """Nodes with an attempt in flight."""
+        return {f.node for f in self.in_flight.values()}
+
+    def work_s(self, policy: Policy) -> dict[str, float]:
+        """Per replica, the prefill seconds this run's nodes in flight there were decided to take."""
+        work = dict.fromkeys(self.load, 0.0)
+        for f in self.in_flight.values():
+            work[f.decision.replica] += prefill_work_s(f.decision, policy)
+        return work
+
+    def started(self, flight: Flight, ctx: Sequence[int], transfer_id: int) -> None:
+        """``flight`` was launched (for a transfer, ``transfer_id`` brings ``ctx``'s prefix)."""
+        d = flight.decision
+        if d.option is Option.TRANSFER:
+            self.transferring[d.replica] = tuple(ctx[: d.source_tokens])
+            self.sending[flight.handles[1]] = (d.replica, transfer_id)
+        self.in_flight[flight.handles[0]] = flight
+        self.load[d.replica] += 1
+
+    def landed(self, handle: Any) -> Flight:
+        """The node call ``handle`` finished (or failed): it is no longer in flight."""
+        flight = self.in_flight.pop(handle)
+        for h in flight.handles[1:]:
+            self.sending.pop(h, None)
+        d = flight.decision
+        self.load[d.replica] -= 1
+        if d.option is Option.TRANSFER:
+            self.transferring.pop(d.replica, None)
+        return flight
+
+    def done(self, flight: Flight, res: NodeResult, trace: NodeTrace) -> None:
+        """Record a node's result."""
+        self.results[flight.node] = res
+        self.retry.pop(flight.node, None)
+        self.decisions.append(flight.decision.with_measured(res.total_s))
+        self.traces.append(trace)
+
+    def result(self, final: str) -> RunResult:
+        return RunResult(
+            outputs=self.outputs,
+            texts={k: v.text for k, v in self.results.items()},
+            final=self.results[final].text,
+            trace=tuple(self.traces),
+            decisions=tuple(self.decisions),
+            wall_s=time.perf_counter() - self.begin,
+        )
