@@ -5,7 +5,9 @@
 embedded Ray, two replicas, ``connect()`` → executor → replica actors → manager → UCX) and
 writes ``results/served/bench_multi_agent.json``, ``meta.json`` and the README's served table.
 ``--quick`` (a random tiny model, small sizes) writes under ``out/quick-served/`` and never
-touches committed results.
+touches committed results. The trials are timed with the replicas in steady state: peak memory,
+whose measurement hands each replica's freed memory back to the OS before every trial (and so
+puts every trial's transfer into fresh pages), is measured in the peak-memory study's own trials.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ FULL = {
     "decode": 32,
     "threads": 1,
     "repeats": 1,
+    "memory": False,  # timed in steady state; peak memory is experiments/peak_memory's own trials
 }
 QUICK = {**FULL, "model": "tiny-llama", "agents": (1, 4), "root_tokens": 512, "decode": 6}
 
@@ -59,7 +62,13 @@ def table(result: MultiAgentReport, settings: dict[str, Any]) -> str:
     lines += [
         "",
         f"Model {settings['model']}, {settings['root_tokens']}-token root, {settings['decode']} tokens per "
-        f"agent, {result.threads} torch thread per replica, 2 replicas, KV over {result.transport}.",
+        f"agent, {result.threads} torch thread per replica, 2 replicas, KV over {result.transport}"
+        + (
+            "; each trial's peak memory measured (freed memory handed back to the OS before it)."
+            if settings.get("memory", True)
+            else "; timed in steady state (the replicas keep the memory they freed, receive buffers included, "
+            "between trials; peak memory is `experiments/peak_memory`'s own trials)."
+        ),
     ]
     return "\n".join(lines)
 
@@ -75,7 +84,15 @@ def main() -> None:
     systems = tuple(dict.fromkeys(["ours", *(x for x in args.systems.split(",") if x)])) if args.systems else SYSTEMS
     say = progress(args.json)
     result = run_multi_agent_bench(
-        s["model"], s["agents"], s["root_tokens"], s["decode"], s["threads"], s["repeats"], say=say, systems=systems
+        s["model"],
+        s["agents"],
+        s["root_tokens"],
+        s["decode"],
+        s["threads"],
+        s["repeats"],
+        say=say,
+        systems=systems,
+        memory=s["memory"],
     )
     sub = "served" if systems == SYSTEMS else "served-" + "-".join(systems)
     settings = {**s, "systems": systems}

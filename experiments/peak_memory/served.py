@@ -55,7 +55,10 @@ def _from_multi_agent() -> tuple[MultiAgentReport, dict[str, Any]]:
         raise SystemExit(f"{path} not found: run python -m experiments.multi_agent.served first")
     result = MultiAgentReport.from_json(json.loads(path.read_text()))
     if not any(r.peak_rss_growth_bytes for r in result.rows):
-        raise SystemExit(f"{path} predates the memory columns: run python -m experiments.multi_agent.served again")
+        raise SystemExit(
+            f"{path} has no memory figures (timed in steady state, or older): "
+            "run python -m experiments.peak_memory.served without --from-multi-agent"
+        )
     meta = json.loads((MULTI_AGENT / "meta.json").read_text())
     return result, meta
 
@@ -67,16 +70,24 @@ def main() -> None:
             "--from-multi-agent", action="store_true", help="reduce the multi-agent study's committed served run"
         ),
     )
-    s = QUICK if args.quick else FULL
+    s = {**(QUICK if args.quick else FULL), "memory": True}
     say = progress(args.json)
     if args.from_multi_agent:
         result, meta = _from_multi_agent()
-        s = {k: meta.get(k, v) for k, v in FULL.items()}  # the settings that run had
+        s = {k: meta.get(k, v) for k, v in FULL.items()} | {"memory": True}  # the settings that run had
         source = f"the multi-agent study's served trials at {meta['git_sha'][:7]} (`results/served/` there)"
         settings = {**s, "systems": SYSTEMS, "from_multi_agent": meta["git_sha"]}
     else:
         result = run_multi_agent_bench(
-            s["model"], s["agents"], s["root_tokens"], s["decode"], s["threads"], s["repeats"], say=say, systems=SYSTEMS
+            s["model"],
+            s["agents"],
+            s["root_tokens"],
+            s["decode"],
+            s["threads"],
+            s["repeats"],
+            say=say,
+            systems=SYSTEMS,
+            memory=True,
         )
         source = "trials of its own"
         settings = {**s, "systems": SYSTEMS}

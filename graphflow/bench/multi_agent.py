@@ -20,7 +20,9 @@ one's states):
 ``makespan_s`` = root prefill (ours, ideal) + the time from the agents' submission until the
 last agent's last token; ``efficiency`` = ideal ÷ ours. ``peak_rss_growth_bytes`` is the
 replicas' peak resident-memory growth over the whole trial, the root's prefill included
-(:class:`~graphflow.bench.replica_memory.ReplicaMemory`; the peak-memory study reports it).
+(:class:`~graphflow.bench.replica_memory.ReplicaMemory`; the peak-memory study reports it), or
+0 when the run leaves memory alone (``memory=False``: timing in steady state, see
+:func:`run_multi_agent_bench`).
 Every number is measured here.
 """
 
@@ -60,11 +62,11 @@ class MultiAgentRow:
 class MultiAgentBench:
     """The trials of one deployment (see the module docstring)."""
 
-    def __init__(self, client: Client, say: Callable[[str], None] = lambda _m: None) -> None:
+    def __init__(self, client: Client, say: Callable[[str], None] = lambda _m: None, memory: bool = True) -> None:
         self.client = client
         self.say = say
         self.contexts = PinnedAgent(client)
-        self.memory = ReplicaMemory(client)
+        self.memory = ReplicaMemory(client) if memory else None
 
     def trial(self, system: str, agents: int, root_tokens: int) -> MultiAgentRow:
         """One trial of ``system`` (one of ``SYSTEMS``) with ``agents`` agents."""
@@ -73,7 +75,8 @@ class MultiAgentBench:
         ex = self.client.executor
         self.client.clear_kv()  # every trial starts from empty stores
         root = self.contexts.context(root_tokens)
-        self.memory.start()
+        if self.memory is not None:
+            self.memory.start()
         prefill_s = 0.0
         if system != "dense":
             begin = time.perf_counter()
@@ -87,7 +90,7 @@ class MultiAgentBench:
         begin = time.perf_counter()
         got = run_as("ours" if system == "ideal" else system, ex, graph, root, self.client.cluster.replicas, HOLDER)
         agents_s = time.perf_counter() - begin
-        growth = self.memory.growth()
+        growth = self.memory.growth() if self.memory is not None else 0
         traces = got.nodes
         if system == "ideal" and got.bytes_moved:
             raise RuntimeError(f"the ideal trial moved {got.bytes_moved} bytes; it must move none")
@@ -184,9 +187,17 @@ def run_multi_agent_bench(
     repeats: int = 1,
     say: Callable[[str], None] = lambda _m: None,
     systems: Sequence[str] = SYSTEMS,
+    memory: bool = True,
 ) -> MultiAgentReport:
     """Every system at every k on one fresh two-replica embedded deployment (after a warm-up
-    trial); with ``repeats`` > 1 the trial of median makespan is kept per (k, system)."""
+    trial of ours at k = 2 and full size); with ``repeats`` > 1 the trial of median makespan is kept per (k, system).
+
+    ``memory=False`` leaves the replicas' memory alone between trials (``peak_rss_growth_bytes``
+    is then 0): measuring peak growth hands the memory freed so far back to the OS before each
+    trial, the receive buffers a replica recycles included, so every trial's transfer lands in
+    fresh pages (a 4K-token SmolLM2 root took ~0.6 s to receive so against ~0.05 s into recycled
+    buffers) while the baselines, which never receive, pay nothing for it. Timing runs without it
+    measure the replicas as they serve in steady state."""
     if not agents or min(agents) < 1 or min(root_tokens, decode, repeats) < 1:
         raise ValueError("--agents, --root-tokens, --decode and --repeats must all be at least 1")
     unknown = [s for s in systems if s not in SYSTEMS]
@@ -194,8 +205,10 @@ def run_multi_agent_bench(
         raise ValueError(f"--systems takes ours plus any of {', '.join(SYSTEMS[1:])}; got {', '.join(systems)}")
     say(f"starting 2 replicas of {model}")
     client = connect(model=model, replicas=2, decode_steps=decode, threads=threads, capacity_mib=2048)
-    bench = MultiAgentBench(client, say)
-    bench.trial("ours", 2, min(root_tokens, 256))  # warm-up: both replicas have run a node
+    bench = MultiAgentBench(client, say, memory)
+    # NOTE: a warm-up at full size: both replicas have run a node and one has received a whole root,
+    # so a steady-state run's receives land in recycled buffers (as `graphflow serve`'s prefaulted pool)
+    bench.trial("ours", 2, root_tokens)
     rows = []
     for k in agents:
         for system in systems:

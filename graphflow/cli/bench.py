@@ -191,6 +191,12 @@ def bench_multi_agent_cmd(
     threads: int = typer.Option(1, help="Torch threads per replica."),
     repeats: int = typer.Option(1, help="Trials per (agents, system); the median makespan's is kept."),
     systems: str = typer.Option("ours,ideal,dense,local,routed,holder", help="Systems to run; ours must be one."),
+    memory: bool = typer.Option(
+        True,
+        "--memory/--no-memory",
+        help="Measure each trial's peak memory growth (hands freed memory, recycled receive buffers "
+        "included, back to the OS before each trial; --no-memory times the replicas in steady state).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """k agents over one root through the served path (embedded Ray, two replicas): ours, an
@@ -201,7 +207,15 @@ def bench_multi_agent_cmd(
     from graphflow.bench.multi_agent import run_multi_agent_bench
 
     result = run_multi_agent_bench(
-        model, ints(agents, "--agents"), root_tokens, decode, threads, repeats, say=say, systems=names(systems)
+        model,
+        ints(agents, "--agents"),
+        root_tokens,
+        decode,
+        threads,
+        repeats,
+        say=say,
+        systems=names(systems),
+        memory=memory,
     )
     if json_out:
         emit(result.to_json())

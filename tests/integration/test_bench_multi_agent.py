@@ -45,3 +45,29 @@ def test_ours_ideal_dense_and_prefix_caching_run_through_the_served_path():
     assert set(got["efficiency"]) == {"1", "3"} and all(e > 0 for e in got["efficiency"].values())
     assert set(got["prefix_caching_over_ours"]) == {"1", "3"}
     assert got["transport"] == "ucx"
+    assert all(r["peak_rss_growth_bytes"] > 0 for r in got["rows"])  # each trial's memory measured by default
+
+
+def test_no_memory_times_the_trials_without_measuring_memory():
+    got = last_json(
+        cli(
+            "bench",
+            "multi-agent",
+            "--model",
+            "tiny-llama",
+            "--agents",
+            "2",
+            "--root-tokens",
+            "512",
+            "--decode",
+            "2",
+            "--systems",
+            "ours",
+            "--no-memory",
+            "--json",
+            timeout=600,
+        )
+    )
+    (row,) = got["rows"]
+    assert row["system"] == "ours" and row["generated_tokens"] == 4 and row["makespan_s"] > 0
+    assert row["peak_rss_growth_bytes"] == 0 and got["memory_over_dense"] == {}
