@@ -12,6 +12,7 @@ puts every trial's transfer into fresh pages), is measured in the peak-memory st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,17 +74,9 @@ def table(result: MultiAgentReport, settings: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    args = served_args(
-        __doc__,
-        lambda p: p.add_argument(
-            "--systems", default="", help="run only these (ours always); writes results/served-<systems>/"
-        ),
-    )
-    s = QUICK if args.quick else FULL
-    systems = tuple(dict.fromkeys(["ours", *(x for x in args.systems.split(",") if x)])) if args.systems else SYSTEMS
-    say = progress(args.json)
-    result = run_multi_agent_bench(
+def run(s: dict[str, Any], systems: tuple[str, ...], say: Callable[[str], None]) -> MultiAgentReport:
+    """The trials of settings ``s`` (``FULL``, ``QUICK`` or a variant) for ``systems``."""
+    return run_multi_agent_bench(
         s["model"],
         s["agents"],
         s["root_tokens"],
@@ -94,6 +87,19 @@ def main() -> None:
         systems=systems,
         memory=s["memory"],
     )
+
+
+def main() -> None:
+    args = served_args(
+        __doc__,
+        lambda p: p.add_argument(
+            "--systems", default="", help="run only these (ours always); writes results/served-<systems>/"
+        ),
+    )
+    s = QUICK if args.quick else FULL
+    systems = tuple(dict.fromkeys(["ours", *(x for x in args.systems.split(",") if x)])) if args.systems else SYSTEMS
+    say = progress(args.json)
+    result = run(s, systems, say)
     sub = "served" if systems == SYSTEMS else "served-" + "-".join(systems)
     settings = {**s, "systems": systems}
     publish_served(HERE, "bench_multi_agent", result.to_json(), settings, table(result, s), args.quick, args.json, sub)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import progress, publish_served, served_args
-from experiments.multi_agent.served import FULL, QUICK
-from graphflow.bench.multi_agent import MultiAgentReport, run_multi_agent_bench
+from experiments.multi_agent.served import FULL, QUICK, run
+from graphflow.bench.multi_agent import MultiAgentReport
 from graphflow.bench.systems import PREFIX_CACHING
 
 HERE = Path(__file__).parent
@@ -78,17 +78,7 @@ def main() -> None:
         source = f"the multi-agent study's served trials at {meta['git_sha'][:7]} (`results/served/` there)"
         settings = {**s, "systems": SYSTEMS, "from_multi_agent": meta["git_sha"]}
     else:
-        result = run_multi_agent_bench(
-            s["model"],
-            s["agents"],
-            s["root_tokens"],
-            s["decode"],
-            s["threads"],
-            s["repeats"],
-            say=say,
-            systems=SYSTEMS,
-            memory=True,
-        )
+        result = run(s, SYSTEMS, say)
         source = "trials of its own"
         settings = {**s, "systems": SYSTEMS}
     publish_served(
