@@ -140,6 +140,7 @@ class HostArena:
         self._used = 0
         self._kept: dict[int, list[tuple[torch.Tensor, int]]] = {}  # size → (slab, idle use count)
         self._kept_bytes = 0
+        self._reserved: set[int] = set()  # data pointers of reserved spans: the pool, never released
         self._lock = threading.Lock()
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -192,16 +193,18 @@ class HostArena:
             span.zero_()
         with self._lock:
             kept_at = {slab.data_ptr() for slab, _ in self._kept.get(size, ())}
+            self._reserved |= kept_at & {span.data_ptr() for span in spans}
         kept = size * sum(span.data_ptr() in kept_at for span in spans)
         short = f"bounded by the arena's keep_bytes ({self.keep_bytes} bytes)" if kept < nbytes else ""
         return Reservation(kept, short)
 
     def release_idle(self) -> int:
-        """Stop keeping the own-slabs nobody uses (their memory is freed); returns their bytes."""
+        """Stop keeping the own-slabs nobody uses (their memory is freed), but the reserved pool
+        (:meth:`reserve`: the replica's standing memory); returns the bytes freed."""
         freed = 0
         with self._lock:
             for size, slabs in self._kept.items():
-                busy = [(s, c) for s, c in slabs if _use_count(s) != c]
+                busy = [(s, c) for s, c in slabs if _use_count(s) != c or s.data_ptr() in self._reserved]
                 freed += size * (len(slabs) - len(busy))
                 self._kept[size] = busy
             self._kept_bytes -= freed

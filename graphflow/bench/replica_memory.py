@@ -2,10 +2,13 @@
 
 :meth:`ReplicaMemory.start` asks each replica to hand freed memory back to the OS and restart
 its peak (``VmHWM``), and records its resident bytes then; :meth:`ReplicaMemory.growth` is each
-replica's peak since, minus that start, summed. Every replica's KV pool is faulted in when it
-starts (``--prefault-mib``), so KV kept in the pool is not growth: growth is the memory a
-window needed beyond the pool (caches being built and batched, activations, states kept
-outside it). ``graphflow bench serve`` and ``bench multi-agent`` measure with it.
+replica's peak since, minus that start, summed. A replica with a prefaulted KV pool
+(``--prefault-mib``) receives into the pool, and what lands there is not growth; the
+benchmarks' embedded replicas have none, so there growth is all the memory a window needed
+(KV computed, received or kept, caches being built and batched, activations). Handing freed
+memory back includes the receive buffers a replica recycles, so the window's receives land in
+fresh pages: slower than in steady state. ``graphflow bench serve`` and ``bench multi-agent``
+measure with it.
 """
 
 from __future__ import annotations

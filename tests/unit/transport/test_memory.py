@@ -114,6 +114,18 @@ def test_reserve_faults_in_spans_that_later_requests_reuse():
     assert all(not s.any() for s in spans)
 
 
+def test_the_reserved_pool_survives_releasing_idle_memory():
+    arena = HostArena()
+    assert arena.reserve(2 * MESSAGE_BYTES) == Reservation(2 * MESSAGE_BYTES)
+    extra = arena.empty_bytes(6 << 20)  # a slab of its own beside the pool, idle once dropped
+    del extra
+    assert arena.release_idle() >= 6 << 20  # the extra slab goes
+    assert arena.kept_bytes == 2 * MESSAGE_BYTES and arena.release_idle() == 0  # the pool stays
+    made = arena.slabs_made
+    spans = [arena.empty_bytes(MESSAGE_BYTES) for _ in range(2)]
+    assert arena.slabs_made == made and len(spans) == 2  # and still serves receives
+
+
 def test_reserve_says_why_it_kept_less_than_asked():
     arena = HostArena(keep_bytes=2 * MESSAGE_BYTES)
     got = arena.reserve(4 * MESSAGE_BYTES)
