@@ -50,7 +50,7 @@ from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resid
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS, MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
 from graphflow.runtime.replica_compute import NodeCompute
-from graphflow.runtime.replica_sends import FAULTS, Sends
+from graphflow.runtime.replica_sends import Sends
 from graphflow.runtime.replica_store import ReplicaStore
 from graphflow.runtime.stats import ReplicaStats, Route
 from scheduler.policy import Option
@@ -393,8 +393,6 @@ class ReplicaWorker:
         """The sender of ``transfer_id`` failed: the node waiting for its blocks stops waiting now
         (``TransferAborted``) instead of at the transfer deadline."""
         self.transport.abort_recv(transfer_id, why)
-
-    FAULTS = FAULTS
 
     def inject_fault(self, fault: str) -> None:
         """Fault injection for ``graphflow check faults``: the next send misbehaves once

@@ -9,23 +9,14 @@ from tests.integration.helpers.cli import cli, last_json
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
+def _bench(agents: str, root_tokens: int, decode: int, *more: str, timeout: int) -> dict:
+    """``graphflow bench multi-agent`` on the tiny model; its JSON."""
+    args = ("--agents", agents, "--root-tokens", str(root_tokens), "--decode", str(decode), *more, "--json")
+    return last_json(cli("bench", "multi-agent", "--model", "tiny-llama", *args, timeout=timeout))
+
+
 def test_ours_ideal_dense_and_prefix_caching_run_through_the_served_path():
-    got = last_json(
-        cli(
-            "bench",
-            "multi-agent",
-            "--model",
-            "tiny-llama",
-            "--agents",
-            "1,3",
-            "--root-tokens",
-            "1024",
-            "--decode",
-            "4",
-            "--json",
-            timeout=900,
-        )
-    )
+    got = _bench("1,3", 1024, 4, timeout=900)
     rows = {(r["agents"], r["system"]): r for r in got["rows"]}
     systems = ("ours", "ideal", "dense", "local", "routed", "holder")
     assert set(rows) == {(k, s) for k in (1, 3) for s in systems}
@@ -49,25 +40,7 @@ def test_ours_ideal_dense_and_prefix_caching_run_through_the_served_path():
 
 
 def test_no_memory_times_the_trials_without_measuring_memory():
-    got = last_json(
-        cli(
-            "bench",
-            "multi-agent",
-            "--model",
-            "tiny-llama",
-            "--agents",
-            "2",
-            "--root-tokens",
-            "512",
-            "--decode",
-            "2",
-            "--systems",
-            "ours",
-            "--no-memory",
-            "--json",
-            timeout=600,
-        )
-    )
+    got = _bench("2", 512, 2, "--systems", "ours", "--no-memory", timeout=600)
     (row,) = got["rows"]
     assert row["system"] == "ours" and row["generated_tokens"] == 4 and row["makespan_s"] > 0
     assert row["peak_rss_growth_bytes"] == 0 and got["memory_over_dense"] == {}
