@@ -44,8 +44,8 @@ QUICK = {
 
 
 def table(result: ServeReport, settings: dict[str, Any]) -> str:
-    head = "| system | batching | workflows | agents | tok/s | TTFT p50 s | TTFT p99 s | replicas' peak RSS growth MiB "
-    lines = [head + "| KV MiB | rows per engine step |", "|---" * 10 + "|"]
+    head = "| system | batching | workflows | agents | tok/s | TTFT p50 s | TTFT p99 s "
+    lines = [head + "| replicas' peak RSS growth MiB¹ | KV MiB | rows per engine step |", "|---" * 10 + "|"]
     for r in result.rows:
         per_step = f"{r.rows_per_step:.1f}" if r.batching else "—"
         lines.append(
@@ -53,6 +53,12 @@ def table(result: ServeReport, settings: dict[str, Any]) -> str:
             f"| {r.tokens_per_s:.1f} | {r.ttft_p50_s:.2f} | {r.ttft_p99_s:.2f} "
             f"| {r.peak_rss_bytes / 2**20:.0f} | {r.kv_bytes / 2**20:.0f} | {per_step} |"
         )
+    lines.append("")
+    lines.append(
+        "¹ From the same workload run again in a trial of its own after every timed trial (measuring "
+        "peak growth hands freed memory back to the OS first, so it is not timed); the timed trials "
+        "run in steady state after a full-size warm-up."
+    )
     lines.append("")
     speedups = ", ".join(f"{w} workflows {x:.2f}×" for w, x in result.speedup_vs_unbatched.items())
     lines.append(f"Batched over unbatched tokens/s, same run: {speedups}.")

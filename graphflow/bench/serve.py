@@ -13,9 +13,14 @@ without it (the reference), in the same run:
   KV). ``tokens_per_s``: every
   agent's generated tokens over the time until the last workflow is done. TTFT per agent is the
   executor's: from its decision to its first token (queueing at the replica included).
-  ``peak_rss_bytes``: the replicas' resident-memory growth over the timed part (peak after a
-  reset, minus the start), summed; ``kv_bytes``: the bytes their block stores held at the end.
-  Every trial (each system at each count) starts from empty stores (``Client.clear_kv``).
+  ``kv_bytes``: the bytes the replicas' block stores held at the end. ``peak_rss_bytes``: the
+  replicas' resident-memory growth (peak after a reset, minus the start, summed) over the same
+  workload run again in a trial of its own once every timed trial is done, or 0 without
+  ``row_memory``: resetting hands freed memory, the receive buffers a replica recycles included,
+  back to the OS, so a transfer measured so lands in fresh pages, a cost the baselines (which
+  never receive) do not pay; the timed trials leave memory alone and measure the replicas in
+  steady state, after a full-size warm-up. Every trial (each system at each count) starts
+  from empty stores (``Client.clear_kv``).
 * **shared root** (``memory_agents`` > 0) — one workflow of ``memory_agents`` agents over one
   ``memory_root``-token context, all on the replica that holds it: its peak growth against the
   same agents with KV reuse off (each agent prefills and holds the whole context: dense).
@@ -29,7 +34,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from graphflow.bench.replica_memory import ReplicaMemory
@@ -89,7 +94,7 @@ class ServeRow:
     tokens_per_s: float
     ttft_p50_s: float
     ttft_p99_s: float
-    peak_rss_bytes: int
+    peak_rss_bytes: int  # the replicas' peak growth, in a trial of its own (0: not measured)
     kv_bytes: int
     decisions: dict[str, int]
     engine_steps: int  # the replicas' engine-loop steps over the timed part (0: batching off)
@@ -140,14 +145,19 @@ class ServeBench:
         self.memory = ReplicaMemory(client)
 
     # ---- throughput ----------------------------------------------------------------------
-    def throughput(self, workflows: int, root_tokens: int, agents: int, system: str = "ours") -> ServeRow:
+    def throughput(
+        self, workflows: int, root_tokens: int, agents: int, system: str = "ours", memory: bool = False
+    ) -> ServeRow:
+        """One trial; with ``memory`` its replicas' peak growth is measured (and its timing is not
+        steady state: see the module docstring)."""
         ex = self.client.executor
         self.client.clear_kv()  # every trial starts from empty stores
         graph = agents_graph(agents)
         roots = [self.contexts.context(root_tokens) for _ in range(workflows)]
         for i, root in enumerate(roots):  # computed upstream: not timed
             ex.materialize_root(f"upstream-{new_run_id()}-{i}", root, HOLDER)
-        self.memory.start()
+        if memory:
+            self.memory.start()
         steps_before = self._engine_counts()
         results: list[RunResult | BaseException] = [RuntimeError("not run")] * workflows
 
@@ -172,7 +182,7 @@ class ServeBench:
         generated = sum(len(out) for r in runs for out in r.outputs.values())
         ttfts = [t.first_token_s for t in agent_traces]
         decisions = decision_counts(agent_traces)
-        growth, kv = self.memory.growth(), self.memory.kept_bytes()
+        growth, kv = self.memory.growth() if memory else 0, self.memory.kept_bytes()
         steps, rows = (after - before for after, before in zip(self._engine_counts(), steps_before, strict=True))
         return ServeRow(
             self.batching,
@@ -294,10 +304,14 @@ def run_serve_bench(
     scripted: bool = False,
     say: Callable[[str], None] = lambda _m: None,
     baselines: Sequence[str] = (),
+    row_memory: bool = True,
 ) -> ServeReport:
     """Every measurement for each mode (batching on / off) on a fresh embedded deployment, the
     ``baselines`` (systems of :mod:`graphflow.bench.systems`) on the batched one at every
-    workflow count, and with ``scripted`` the scripted agents job at the largest count."""
+    workflow count, and with ``scripted`` the scripted agents job at the largest count. With
+    ``row_memory`` each throughput row's peak growth comes from a trial of its own run after all the
+    timed ones; without it the rows' ``peak_rss_bytes`` is 0 (the shared-root rows, memory
+    trials by nature, run either way)."""
     unknown = [b for b in baselines if b not in SYSTEMS or b == "ours"]
     if unknown:
         raise ValueError(f"unknown baseline {unknown[0]!r}; use any of {', '.join(SYSTEMS[1:])}")
@@ -321,11 +335,22 @@ def run_serve_bench(
             capacity_mib=2048,
         )
         bench = ServeBench(client, batching, say)
-        bench.throughput(1, min(root_tokens, 256), agents)  # warm-up: every replica has run a node
+        # NOTE: a warm-up at full size and the largest count: every replica has run a node and the
+        # other replica has received as many roots at once as a timed trial sends it, so the timed
+        # trials' receives land in recycled buffers (steady state)
+        say(f"{label}: warming up")
+        bench.throughput(max(workflows), root_tokens, agents)
+        timed: list[ServeRow] = []
         for w in workflows:
             for system in ("ours", *(baselines if batching else ())):
                 say(f"{label}: {w} concurrent workflows ({system})")
-                rows.append(bench.throughput(w, root_tokens, agents, system))
+                timed.append(bench.throughput(w, root_tokens, agents, system))
+        for row in timed:
+            if row_memory:
+                say(f"{label}: {row.workflows} concurrent workflows ({row.system}), measuring memory")
+                got = bench.throughput(row.workflows, root_tokens, agents, row.system, memory=True)
+                row = replace(row, peak_rss_bytes=got.peak_rss_bytes)
+            rows.append(row)
         if memory_agents:
             # NOTE: one unmeasured trial first: torch keeps per-shape workspaces (a 16-row decode's)
             # from their first use on, which are not a trial's memory; the dense trial, run after
@@ -342,7 +367,7 @@ def run_serve_bench(
     if scripted:
         say(f"the scripted agents job at {max(workflows)} workflows")
         scripted_rate = scripted_tokens_per_s(model, root_tokens, max(workflows), 64, decode)
-    return ServeReport(tuple(rows), tuple(memory), tuple(hol), bench.prompt_tokens(agents), scripted_rate)
+    return ServeReport(tuple(rows), tuple(memory), tuple(hol), bench.prompt_tokens(agents), scripted_rate, row_memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +379,7 @@ class ServeReport:
     head_of_line: tuple[HolRow, ...] = ()
     agent_prompt_tokens: tuple[int, ...] = ()
     scripted_tokens_per_s: float | None = None  # the scripted agents job, same workload, same run
+    row_memory: bool = True  # whether the rows' peak_rss_bytes were measured
 
     @property
     def speedup_vs_unbatched(self) -> dict[int, float]:
@@ -392,6 +418,7 @@ class ServeReport:
             "ours_over": {s: self.ours_over(s) for s in sorted({r.system for r in self.rows} - {"ours"})},
             "ours_over_prefix_caching": self.ours_over_prefix_caching,
             "agent_prompt_tokens": list(self.agent_prompt_tokens),
+            "row_memory": self.row_memory,
         }
         if self.memory:
             out["memory"] = [asdict(m) for m in self.memory]

@@ -271,6 +271,12 @@ def bench_serve_cmd(
     baselines: str = typer.Option(
         "", help="Also run the batched workload as: dense, local, routed, holder (graphflow.bench.systems)."
     ),
+    memory: bool = typer.Option(
+        True,
+        "--memory/--no-memory",
+        help="Measure each throughput row's peak memory growth in a trial of its own after the timed "
+        "ones (the timed trials run in steady state either way; the shared-root rows always measure).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """The served path end to end (embedded Ray): tokens/s and TTFT under concurrent workflows,
@@ -297,6 +303,7 @@ def bench_serve_cmd(
         scripted,
         say=say,
         baselines=names(baselines),
+        row_memory=memory,
     )
     if json_out:
         emit(result.to_json())
@@ -323,7 +330,7 @@ def bench_serve_cmd(
             f"{r.tokens_per_s:.1f}",
             f"{r.ttft_p50_s:.3f}",
             f"{r.ttft_p99_s:.3f}",
-            f"{r.peak_rss_bytes / 2**20:.0f}",
+            f"{r.peak_rss_bytes / 2**20:.0f}" if result.row_memory else "—",
             f"{r.kv_bytes / 2**20:.0f}",
             f"{r.rows_per_step:.1f}" if r.batching else "—",
         )

@@ -42,6 +42,8 @@ def test_summary_ratios_come_from_the_same_run():
     assert [r["tokens_per_s"] for r in out["rows"]] == [20.0, 90.0, 10.0, 30.0]
     assert out["agent_prompt_tokens"] == [40, 41]
     assert out["ours_over"] == {} and out["ours_over_prefix_caching"] == {}
+    assert out["row_memory"] is True
+    assert ServeReport(tuple(rows), row_memory=False).to_json()["row_memory"] is False
 
 
 def test_ours_is_compared_with_each_baseline_on_the_batched_rows():
