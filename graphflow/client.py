@@ -219,11 +219,13 @@ def connect(
     max_batch_tokens: int = MAX_BATCH_TOKENS,
     templates: str = "short",
     recompute_fraction: float = 0.0,
+    gpus_per_replica: float | None = None,
 ) -> Client:
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
     move KV over ``transport``: ucx or ray, each with ``capacity_mib`` of KV store, ``threads``
-    torch threads (0: every core) and ``prefault_mib`` of KV memory faulted in at start (0: on
+    torch threads (0: every core), ``gpus_per_replica`` GPUs reserved by Ray for each (default
+    one on ``device="cuda"``, none on cpu) and ``prefault_mib`` of KV memory faulted in at start (0: on
     demand; ``graphflow serve`` faults in the whole capacity by default), with ``batching`` (each
     replica's nodes share forward passes of ``max_batch_tokens``) or not; an attached deployment
     keeps what it was served with, and an embedded one of other settings in this process is
@@ -235,7 +237,7 @@ def connect(
     from graphflow.runtime.actors import RayCluster
     from graphflow.runtime.cluster import connect as ray_connect
     from graphflow.runtime.cluster import start_local
-    from graphflow.runtime.deployment import Deployment
+    from graphflow.runtime.deployment import Deployment, gpus_for
 
     if address is None:
         ray = start_local()
@@ -246,6 +248,7 @@ def connect(
             capacity_mib << 20,
             transport,
             device,
+            gpus_for(device, gpus_per_replica),
             recompute_head=recompute_head,
             threads=threads,
             prefault_bytes=prefault_mib << 20,

@@ -70,7 +70,9 @@ def serve(
     templates: str = typer.Option(
         "short", help="Operation templates clients compile workflows with: short or detailed (250-800 tokens)."
     ),
-    gpus_per_replica: float = typer.Option(0.0, help="GPUs Ray reserves for each replica (cuda needs > 0)."),
+    gpus_per_replica: float | None = typer.Option(
+        None, help="GPUs Ray reserves for each replica (default: 1 with --device cuda, 0 on cpu)."
+    ),
     threads: int = typer.Option(0, help="Torch threads per replica (0 = every core of its host)."),
     prefault_mib: int = typer.Option(
         -1, help="KV memory each replica faults in at start, a block pool (-1 = the whole capacity; 0 = on demand)."
@@ -107,7 +109,7 @@ def serve(
     from graphflow.models.registry import resolve
     from graphflow.runtime.actors import RayCluster
     from graphflow.runtime.cluster import connect, start_head, wait_for_nodes
-    from graphflow.runtime.deployment import Deployment
+    from graphflow.runtime.deployment import Deployment, gpus_for
 
     resolve(model)
     if min_nodes < 0:
@@ -122,7 +124,7 @@ def serve(
         capacity_mib << 20,
         transport,
         device,
-        gpus_per_replica,
+        gpus_for(device, gpus_per_replica),
         recompute_head,
         threads,
         prefault,

@@ -10,9 +10,17 @@ from graphflow.kv.differential.template_kv import kv_mode as kv_mode_of
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.workflow.templates import template_set
 
-__all__ = ["TRANSPORTS", "Deployment"]
+__all__ = ["TRANSPORTS", "Deployment", "gpus_for"]
 
 TRANSPORTS = ("ucx", "ray")  # how served replicas move KV between each other
+
+
+def gpus_for(device: str, asked: float | None) -> float:
+    """The GPUs Ray reserves per replica: what was ``asked``, else one per replica on ``cuda``
+    and none on ``cpu``."""
+    if asked is not None:
+        return asked
+    return 1.0 if device.startswith("cuda") else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +55,9 @@ class Deployment:
                 f"unknown transport {self.transport!r} for served replicas; use one of {', '.join(TRANSPORTS)}"
             )
         if self.device.startswith("cuda") and self.gpus_per_replica <= 0:
-            raise ValueError("a cuda deployment needs --gpus-per-replica > 0 so Ray places each replica on a GPU")
+            raise ValueError(
+                "a cuda deployment needs gpus_per_replica > 0 (--gpus-per-replica) so Ray places each replica on a GPU"
+            )
         if self.threads < 0 or self.prefault_bytes < 0:
             raise ValueError("threads and prefault must be non-negative")
         if self.gpus_per_replica < 0:

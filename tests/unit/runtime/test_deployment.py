@@ -1,0 +1,40 @@
+"""What a deployment serves: checked before anything starts, one sentence per mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphflow.runtime.deployment import Deployment, gpus_for
+
+
+def test_a_cuda_replica_gets_one_gpu_unless_asked_otherwise():
+    assert gpus_for("cuda", None) == 1.0 and gpus_for("cuda:0", None) == 1.0
+    assert gpus_for("cpu", None) == 0.0
+    assert gpus_for("cuda", 0.5) == 0.5 and gpus_for("cpu", 2.0) == 2.0
+
+
+def test_a_cuda_deployment_without_gpus_is_refused():
+    with pytest.raises(ValueError, match="gpus_per_replica > 0"):
+        Deployment("tiny-llama", 2, device="cuda")
+    assert Deployment("tiny-llama", 2, device="cuda", gpus_per_replica=gpus_for("cuda", None)).gpus_per_replica == 1.0
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"replicas": 0}, "at least one replica"),
+        ({"transport": "mpi"}, "unknown transport 'mpi'"),
+        ({"gpus_per_replica": -1.0}, "non-negative"),
+        ({"threads": -1}, "non-negative"),
+        ({"max_batch_tokens": 4}, "--max-batch-tokens must exceed"),
+        ({"recompute_fraction": 1.5}, "--recompute-fraction"),
+    ],
+)
+def test_bad_settings_are_refused_with_what_to_change(settings, says):
+    with pytest.raises(ValueError, match=says):
+        Deployment(**{"model": "tiny-llama", "replicas": 2, **settings})
+
+
+def test_describe_names_what_runs():
+    text = Deployment("tiny-llama", 2, threads=1).describe()
+    assert text.startswith("2 × tiny-llama (exact KV") and "1 threads" in text and "ucx" in text
