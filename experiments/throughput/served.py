@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import progress, publish_served, served_args
-from graphflow.bench.serve import ServeReport, run_serve_bench
+from graphflow.bench.serve import run_serve_bench
+from graphflow.bench.serve_report import ServeReport
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 
 HERE = Path(__file__).parent

@@ -34,27 +34,18 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from graphflow.bench.replica_memory import ReplicaMemory
+from graphflow.bench.serve_report import HolRow, MemoryRow, ServeReport, ServeRow, percentile
 from graphflow.bench.served import PinnedAgent
-from graphflow.bench.systems import PREFIX_CACHING, SYSTEMS, lowest_per_key, run_as
+from graphflow.bench.systems import SYSTEMS, run_as
 from graphflow.client import Client, connect, new_run_id
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from graphflow.runtime.trace import NodeTrace, RunResult
 from graphflow.workflow.compile import ROOT, ExecGraph, ExecNode
 
-__all__ = [
-    "HolRow",
-    "MemoryRow",
-    "ServeBench",
-    "ServeReport",
-    "ServeRow",
-    "agents_graph",
-    "decision_counts",
-    "percentile",
-]
+__all__ = ["HOLDER", "ServeBench", "agents_graph", "decision_counts", "run_serve_bench"]
 
 HOLDER = "graphflow-replica-0"
 
@@ -71,66 +62,6 @@ def _agent_prompt(i: int) -> str:
         "Name the first step that is wrong, if there is one, and say in one sentence why it is wrong. "
         "Then end with the final answer as a single number.\n"
     )
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-quantile (0..1) by linear interpolation (0 for no values)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    at = q * (len(ordered) - 1)
-    lo = int(at)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo)
-
-
-@dataclass(frozen=True, slots=True)
-class ServeRow:
-    batching: bool
-    workflows: int
-    agents: int
-    generated_tokens: int
-    wall_s: float
-    tokens_per_s: float
-    ttft_p50_s: float
-    ttft_p99_s: float
-    peak_rss_bytes: int  # the replicas' peak growth, in a trial of its own (0: not measured)
-    kv_bytes: int
-    decisions: dict[str, int]
-    engine_steps: int  # the replicas' engine-loop steps over the timed part (0: batching off)
-    rows_per_step: float  # forward rows per engine step, on average (how much the loop batched)
-    system: str = "ours"  # or a baseline of graphflow.bench.systems
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryRow:
-    batching: bool
-    reuse: bool
-    agents: int
-    root_tokens: int
-    peak_rss_bytes: int  # growth of the holder's resident memory over the run
-    wall_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class HolRow:
-    batching: bool
-    prefill_tokens: int
-    idle_ttft_s: tuple[float, ...]
-    loaded_ttft_s: tuple[float, ...]
-    pauses: int = 0  # engine steps paused for a short prefill while the loaded samples ran
-
-    @property
-    def idle_p99_s(self) -> float:
-        return percentile(self.idle_ttft_s, 0.99)
-
-    @property
-    def loaded_p99_s(self) -> float:
-        return percentile(self.loaded_ttft_s, 0.99)
-
-    @property
-    def ratio_p99(self) -> float:
-        return self.loaded_p99_s / max(self.idle_p99_s, 1e-9)
 
 
 class ServeBench:
@@ -368,66 +299,3 @@ def run_serve_bench(
         say(f"the scripted agents job at {max(workflows)} workflows")
         scripted_rate = scripted_tokens_per_s(model, root_tokens, max(workflows), 64, decode)
     return ServeReport(tuple(rows), tuple(memory), tuple(hol), bench.prompt_tokens(agents), scripted_rate, row_memory)
-
-
-@dataclass(frozen=True, slots=True)
-class ServeReport:
-    """The bench's rows, and the ratios its targets are judged by (same run)."""
-
-    rows: tuple[ServeRow, ...]
-    memory: tuple[MemoryRow, ...] = ()
-    head_of_line: tuple[HolRow, ...] = ()
-    agent_prompt_tokens: tuple[int, ...] = ()
-    scripted_tokens_per_s: float | None = None  # the scripted agents job, same workload, same run
-    row_memory: bool = True  # whether the rows' peak_rss_bytes were measured
-
-    @property
-    def speedup_vs_unbatched(self) -> dict[int, float]:
-        on = {r.workflows: r for r in self.rows if r.batching and r.system == "ours"}
-        off = {r.workflows: r for r in self.rows if not r.batching and r.system == "ours"}
-        return {w: on[w].tokens_per_s / off[w].tokens_per_s for w in on if w in off}
-
-    def ours_over(self, system: str) -> dict[int, float]:
-        """Batched tokens/s, ours ÷ ``system``, per workflow count (same run)."""
-        theirs = {r.workflows: r for r in self.rows if r.batching and r.system == system}
-        return {w: r.tokens_per_s / theirs[w].tokens_per_s for w in sorted(theirs) if (r := self.batched(w))}
-
-    @property
-    def ours_over_prefix_caching(self) -> dict[int, float]:
-        """Ours ÷ the best prefix-caching baseline that ran at each count (most tokens/s)."""
-        return lowest_per_key([self.ours_over(s) for s in PREFIX_CACHING])
-
-    @property
-    def memory_growth_vs_dense(self) -> dict[str, float]:
-        """Per batching mode: the holder's peak growth with the shared root over dense's."""
-        dense = {m.batching: m for m in self.memory if not m.reuse}
-        ours = {m.batching: m for m in self.memory if m.reuse}
-        return {
-            ("batching" if b else "no_batching"): ours[b].peak_rss_bytes / max(1, dense[b].peak_rss_bytes)
-            for b in ours
-            if b in dense
-        }
-
-    def batched(self, workflows: int) -> ServeRow | None:
-        return next((r for r in self.rows if r.batching and r.system == "ours" and r.workflows == workflows), None)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "rows": [asdict(r) for r in self.rows],
-            "speedup_vs_unbatched": self.speedup_vs_unbatched,
-            "ours_over": {s: self.ours_over(s) for s in sorted({r.system for r in self.rows} - {"ours"})},
-            "ours_over_prefix_caching": self.ours_over_prefix_caching,
-            "agent_prompt_tokens": list(self.agent_prompt_tokens),
-            "row_memory": self.row_memory,
-        }
-        if self.memory:
-            out["memory"] = [asdict(m) for m in self.memory]
-            out["memory_growth_vs_dense"] = self.memory_growth_vs_dense
-        if self.head_of_line:
-            out["head_of_line"] = [
-                {**asdict(h), "idle_p99_s": h.idle_p99_s, "loaded_p99_s": h.loaded_p99_s, "ratio_p99": h.ratio_p99}
-                for h in self.head_of_line
-            ]
-        if self.scripted_tokens_per_s is not None:
-            out["scripted_tokens_per_s"] = self.scripted_tokens_per_s
-        return out

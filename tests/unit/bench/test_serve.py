@@ -4,7 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from graphflow.bench.serve import HolRow, MemoryRow, ServeReport, ServeRow, agents_graph, percentile
+from graphflow.bench.serve import agents_graph
+from graphflow.bench.serve_report import HolRow, MemoryRow, ServeReport, ServeRow, percentile
 from graphflow.workflow.compile import ROOT
 
 
