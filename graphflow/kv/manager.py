@@ -37,8 +37,10 @@ from graphflow.kv.events import (
     batch_from_blocks,
     take_rows,
 )
+from graphflow.kv.eviction_plan import plan_eviction
 from graphflow.kv.manager_snapshot import SnapshotPacer, read_snapshot, write_snapshot
-from scheduler.eviction import EvictionWeights, eviction_order, eviction_scores
+from graphflow.kv.state_index import StateIndex
+from scheduler.eviction import EvictionWeights
 
 __all__ = [
     "AdmitEvent",
@@ -65,8 +67,7 @@ class KVStateManager:
         self.catalog = Catalog(epoch_s)
         self.weights = weights or EvictionWeights()
         self._replicas: dict[str, ReplicaInfo] = {}
-        self._states: dict[str, StateRecord] = {}
-        self._children: dict[str, set[str]] = {}
+        self._states = StateIndex()
         self._lookups = 0
         self._hits: dict[str, int] = {}
         self._hit_tokens: dict[str, int] = {}
@@ -76,7 +77,7 @@ class KVStateManager:
     # ---- snapshots (graphflow.kv.manager_snapshot) ---------------------------------------
     def snapshot(self, folder: str | Path) -> None:
         """Write the catalog, states and replicas into ``folder`` (atomically swapped in)."""
-        write_snapshot(folder, self.catalog, list(self._states.values()), self.replicas, self.block_tokens)
+        write_snapshot(folder, self.catalog, list(self._states), self.replicas, self.block_tokens)
 
     def enable_snapshots(self, folder: str | Path, every_s: float = 5.0) -> None:
         """Snapshot into ``folder`` after event batches, at most once every ``every_s`` seconds."""
@@ -100,11 +101,7 @@ class KVStateManager:
         snap = read_snapshot(folder)
         self.catalog, self.block_tokens = snap.catalog, snap.block_tokens
         self._replicas = {info.name: info for info in snap.replicas}
-        self._states, self._children = {}, {}
-        for rec in snap.records:
-            self._states[rec.state.state_id] = rec
-            for p in rec.state.lineage.parents:
-                self._children.setdefault(p, set()).add(rec.state.state_id)
+        self._states = StateIndex(snap.records)
         return len(snap.records)
 
     # ---- replicas ------------------------------------------------------------------------
@@ -194,7 +191,7 @@ class KVStateManager:
         if batch.replica != ev.replica:
             raise ValueError(f"admit from {ev.replica!r} carries blocks of {batch.replica!r}")
         if state.state_id in self._states:
-            known = self._states[state.state_id]
+            known = self._states.get(state.state_id)
             if known.state.block_keys == state.block_keys and known.token_bytes == ev.record.token_bytes:
                 # NOTE: the same admit delivered again (a replica resynced after a manager restart
                 # already reported it): record the copies, change nothing else
@@ -211,9 +208,7 @@ class KVStateManager:
         if len(missing):
             raise ValueError(f"state {state.state_id!r} references {len(missing)} blocks that were never admitted")
         self._record_copies(batch, now_s)
-        self._states[state.state_id] = ev.record
-        for p in state.lineage.parents:
-            self._children.setdefault(p, set()).add(state.state_id)
+        self._states.add(ev.record)
 
     def _validate_blocks(self, batch: BlockBatch) -> None:
         keys, parents = batch.key.astype(np.uint64), batch.parent_key.astype(np.uint64)
@@ -328,32 +323,15 @@ class KVStateManager:
         return NodeLookup(keys, tuple(matches), best.replica, held)
 
     def state(self, state_id: str) -> StateRecord:
-        try:
-            return self._states[state_id]
-        except KeyError:
-            raise ValueError(f"unknown state {state_id!r}") from None
+        return self._states.get(state_id)
 
     def ancestors(self, state_id: str) -> list[str]:
         """All states ``state_id`` was derived from, nearest first (breadth-first)."""
-        out: list[str] = []
-        frontier = list(self.state(state_id).state.lineage.parents)
-        while frontier:
-            s = frontier.pop(0)
-            if s not in out:
-                out.append(s)
-                frontier.extend(self._states[s].state.lineage.parents)
-        return out
+        return self._states.ancestors(state_id)
 
     def descendants(self, state_id: str) -> list[str]:
-        self.state(state_id)
-        out: list[str] = []
-        frontier = sorted(self._children.get(state_id, ()))
-        while frontier:
-            s = frontier.pop(0)
-            if s not in out:
-                out.append(s)
-                frontier.extend(sorted(self._children.get(s, ())))
-        return out
+        """All states derived from ``state_id``, nearest first."""
+        return self._states.descendants(state_id)
 
     def placement(self, state_id: str) -> list[tuple[int, str, str, str]]:
         """``(block key, node, replica, device)`` for every live copy of the state's blocks."""
@@ -402,35 +380,10 @@ class KVStateManager:
     def plan_eviction(
         self, replica: str, now_s: float, next_use: dict[int, int] | None = None, budget_bytes: int | None = None
     ) -> EvictionPlan:
-        """Which of the replica's blocks to evict to get under its byte budget.
-
-        Lowest ``scheduler.eviction`` score first (deeper blocks first on ties); pinned and
-        leased copies are never chosen. ``next_use`` maps block key → steps until the running
-        workflow needs it. Plans only: the replica evicts and reports an ``EvictEvent``.
-        """
+        """Which of the replica's blocks to evict to get under its byte budget (or
+        ``budget_bytes``): :func:`graphflow.kv.eviction_plan.plan_eviction`. Plans only."""
         budget = self.replica(replica).budget_bytes if budget_bytes is None else budget_bytes
-        c = self.catalog
-        code = c.replica_code(replica, create=False)
-        rows = np.flatnonzero(c.col("alive") & (c.col("replica") == code))
-        nbytes = c.col("nbytes")[rows].astype(np.int64)
-        used = int(nbytes.sum())
-        if used <= budget:
-            return EvictionPlan(replica, (), 0, used, budget, 0)
-        keys = c.col("key")[rows]
-        steps = None
-        if next_use:
-            steps = np.array([next_use.get(k, -1) for k in keys.tolist()], dtype=np.int64)
-        age = (now_s - c.epoch_s) - c.col("last_used_s")[rows]
-        scores = eviction_scores(c.col("hits")[rows], nbytes, age, steps, self.weights)
-        scores = scores - 1e-9 * c.col("position_offset")[rows]  # NOTE: suffix blocks go first on ties
-        evictable = (c.col("pins")[rows] == 0) & (c.col("lease_until_s")[rows] < now_s - c.epoch_s)
-        order = eviction_order(scores, evictable)
-        freed = np.cumsum(nbytes[order])
-        n = int(np.searchsorted(freed, used - budget, side="left")) + 1
-        chosen = order[: min(n, len(order))]
-        freed_bytes = int(nbytes[chosen].sum())
-        shortfall = max(0, used - freed_bytes - budget)
-        return EvictionPlan(replica, tuple(int(k) for k in keys[chosen]), freed_bytes, used, budget, shortfall)
+        return plan_eviction(self.catalog, replica, budget, now_s, self.weights, next_use)
 
     def recovery_plan(self, state_id: str, replica: str) -> RecoveryPlan:
         """How to rebuild a state on ``replica``: reuse its own leading blocks, transfer the
@@ -477,7 +430,7 @@ class KVStateManager:
         for row in np.flatnonzero(alive)[:: max(1, int(alive.sum()) // 1000)].tolist():
             if row not in c.rows_of(int(keys[row])):
                 raise RuntimeError(f"live row {row} is not reachable through the key index")
-        for rec in self._states.values():
+        for rec in self._states:
             if any(k not in ever for k in rec.state.block_keys):
                 raise RuntimeError(f"state {rec.state.state_id!r} references blocks the catalog never saw")
             if any(p not in self._states for p in rec.state.lineage.parents):
