@@ -171,7 +171,7 @@ def call_worker(ray: Any, **options: Any) -> Any:
 
 
 class RayCluster:
-    """Replica actors + manager actor; satisfies ``runtime.executor.Cluster``."""
+    """Replica actors + manager actor; satisfies ``runtime.cluster_api.Cluster``."""
 
     def __init__(self, ray: Any, replicas: list[str], handles: dict[str, Any], manager: Any, board: Any) -> None:
         self.ray = ray

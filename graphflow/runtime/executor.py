@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from graphflow.kv.differential.store import base_version
-from graphflow.kv.errors import MissingBlocks
 from graphflow.kv.events import ReplicaInfo, TemplateEvent, TemplateHolding
-from graphflow.runtime.errors import Unavailable, root_cause
+from graphflow.runtime.cluster_api import Cluster
+from graphflow.runtime.errors import Unavailable
+from graphflow.runtime.failures import ALL_LOST, Failures
 from graphflow.runtime.order import levels, next_use
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult, TemplateRef
 from graphflow.runtime.run_state import Flight, RunState
-from graphflow.runtime.trace import MATERIALIZE, NodeTrace, RunResult
+from graphflow.runtime.trace import MATERIALIZE, NodeTrace, RunResult, node_trace
 from graphflow.workflow.compile import ROOT, ExecGraph, node_context, node_path
 from scheduler.cost import LinkMatrix, LinkSpec
 from scheduler.policy import (
@@ -44,23 +45,8 @@ from scheduler.policy import (
     recompute,
 )
 from transport.base import transfer_ids
-from transport.errors import TransportError
 
 __all__ = ["Cluster", "WorkflowExecutor"]
-
-
-class Cluster(Protocol):
-    """What the executor needs from a deployment (Ray actors or in-process workers)."""
-
-    replicas: list[str]
-
-    def call(self, replica: str, method: str, *args: Any) -> Any: ...  # returns a handle
-    def manager(self, method: str, *args: Any) -> Any: ...  # returns the value
-    def wait_one(self, handles: Sequence[Any]) -> Any: ...  # a finished handle
-    def get(self, handle: Any) -> Any: ...
-    def queue_lengths(self) -> dict[str, int]: ...  # node calls in each replica now (all clients)
-    def is_replica_failure(self, exc: BaseException) -> bool: ...  # the replica itself is gone
-    def drop_replica(self, replica: str) -> None: ...  # stop using it; the manager forgets its blocks
 
 
 class WorkflowExecutor:
@@ -94,6 +80,7 @@ class WorkflowExecutor:
         self.lease_s = lease_s
         self._cache: dict[str, list[int]] = {}
         self._info: dict[str, ReplicaInfo] = {}
+        self.failures = Failures(cluster)
 
     def run(
         self,
@@ -155,7 +142,7 @@ class WorkflowExecutor:
                 continue
             done = c.wait_one([*st.in_flight, *st.sending])
             if done in st.sending:
-                self._sent(done, *st.sending.pop(done))
+                self.failures.sent(done, *st.sending.pop(done))
             else:
                 self._collect(st, done, on_node)
         return st.result(gs.outputs[-1])
@@ -188,8 +175,8 @@ class WorkflowExecutor:
             if not c.is_replica_failure(exc):
                 raise
             for r in {d.replica, d.source} - {""}:
-                if not self._alive(r):
-                    self._lose(r)
+                if not self.failures.alive(r):
+                    self.failures.lose(r)
             return  # decided again on the replicas that are left
         st.started(Flight(nid, d, handles, t0, time.perf_counter() - t0), ctx, plan.transfer_id)
 
@@ -222,13 +209,13 @@ class WorkflowExecutor:
         try:
             res: NodeResult = c.get(done)
         except Exception as exc:
-            st.retry[nid] = self._failed(exc, d, flight.handles, st.attempts[nid])
+            st.retry[nid] = self.failures.failed(exc, d, flight.handles, st.attempts[nid])
             return
-        self._finish_sends(d, flight.handles[1:])
+        self.failures.finish_sends(d, flight.handles[1:])
         if st.reuse and res.replica in c.replicas:  # a lost replica's KV is gone
             self._report(res)
         latency = time.perf_counter() - flight.t0
-        st.done(flight, res, self._trace(nid, d, res, len(st.tokens[nid]), flight.decide_s, latency))
+        st.done(flight, res, node_trace(nid, d, res, len(st.tokens[nid]), flight.decide_s, latency))
         if on_node is not None:
             on_node(st.traces[-1])
 
@@ -348,36 +335,6 @@ class WorkflowExecutor:
             events.append(TemplateEvent(res.replica, res.templates))
         self.cluster.manager("apply", events, self.clock())
 
-    def _trace(
-        self, nid: str, d: Decision, res: NodeResult, context: int, decide_s: float, latency_s: float
-    ) -> NodeTrace:
-        ran = d.option
-        if (ran is Option.RECONSTRUCT and not res.rebuilt_tokens) or (
-            ran is Option.TRANSFER and not res.transferred_tokens
-        ):
-            ran = Option.REUSE if res.reused_tokens else Option.RECOMPUTE
-        note = "; ".join(x for x in (d.fallback, res.note) if x)
-        return NodeTrace(
-            nid,
-            res.replica,
-            ran.value,
-            d.source if ran is Option.TRANSFER else "",
-            d.chosen_predicted_s,
-            res.total_s,
-            res.ttft_s,
-            res.bytes_moved,
-            res.prefill_tokens,
-            res.reused_tokens + res.transferred_tokens,
-            context,
-            res.text,
-            note,
-            res.rebuilt_tokens,
-            d.option.value if ran is not d.option else "",
-            decide_s,
-            latency_s,
-            res.phases,
-        )
-
     def materialize_root(self, root: str, task_ids: Sequence[int], pinned: str = "") -> NodeTrace:
         """Prefill the task context once as state ``root``, on ``pinned`` if set (else the first
         live replica); blocks the replica already holds are reused (a context computed upstream)."""
@@ -388,7 +345,7 @@ class WorkflowExecutor:
             except Exception as exc:
                 if not c.is_replica_failure(exc):
                     raise
-                self._lose(replica)
+                self.failures.lose(replica)
                 continue
             c.manager("apply", list(got.events), self.clock())
             note = "" if got.kept else "larger than the replica's store: not kept, nodes prefill it"
@@ -408,71 +365,11 @@ class WorkflowExecutor:
                 "",
                 note,
             )
-        raise Unavailable("every replica failed; restart the deployment (`graphflow serve`)")
+        raise Unavailable(ALL_LOST)
 
     def _end_run(self, run_id: str) -> None:
         """Tell every live replica the run is over (a lost one is dropped, as anywhere else)."""
-        handles = {r: self.cluster.call(r, "end_run", run_id) for r in list(self.cluster.replicas)}
-        for r, h in handles.items():
-            try:
-                self.cluster.get(h)
-            except Exception as exc:
-                if not self.cluster.is_replica_failure(exc):
-                    raise
-                self._lose(r)
-
-    # ---- failures ------------------------------------------------------------------------
-    def _failed(self, exc: BaseException, d: Decision, handles: list[Any], tries: int) -> str:
-        """A node attempt failed: decide whether to retry it (by recompute) and say why."""
-        c = self.cluster
-        if c.is_replica_failure(exc):
-            self._lose(d.replica)
-            why = f"replica {d.replica} lost"
-        elif isinstance(exc, TransportError | MissingBlocks):
-            why = f"transfer from {d.source} failed ({type(root_cause(exc)).__name__})"
-        else:
-            raise exc  # a bad request or a bug: the caller gets the error
-        self._finish_sends(d, handles[1:])
-        if tries > len(c.replicas) + 1:
-            raise Unavailable(f"node failed {tries} times, last because {why}") from exc
-        return f"{why}; recomputed"
-
-    def _sent(self, send: Any, receiver: str, transfer_id: int) -> None:
-        """A send finished before its node: when it failed, the receiver is told at once, so
-        the node fails now (and is recomputed) instead of at the transfer deadline. The send's
-        own error is handled with the node's (``_finish_sends``)."""
-        try:
-            self.cluster.get(send)
-        except Exception as exc:
-            if receiver in self.cluster.replicas:  # NOTE: not awaited; a lost receiver fails its node anyway
-                why = f"the sender failed ({type(root_cause(exc)).__name__})"
-                self.cluster.call(receiver, "cancel_receive", transfer_id, why)
-
-    def _finish_sends(self, d: Decision, sends: list[Any]) -> None:
-        """Collect the source replica's send; a source that died meanwhile is dropped."""
-        for h in sends:
-            try:
-                self.cluster.get(h)
-            except Exception as exc:
-                if self.cluster.is_replica_failure(exc):
-                    self._lose(d.source)
-                elif not isinstance(exc, TransportError | MissingBlocks):
-                    raise
-
-    def _alive(self, replica: str) -> bool:
-        try:
-            self.cluster.get(self.cluster.call(replica, "address"))
-            return True
-        except Exception as exc:
-            if self.cluster.is_replica_failure(exc):
-                return False
-            raise
-
-    def _lose(self, replica: str) -> None:
-        if replica in self.cluster.replicas:
-            self.cluster.drop_replica(replica)
-        if not self.cluster.replicas:
-            raise Unavailable("every replica failed; restart the deployment (`graphflow serve`)")
+        self.failures.tell_all("end_run", run_id)
 
     # ---- helpers -------------------------------------------------------------------------
     def _check_pin(self, gs: ExecGraph, pin: Mapping[str, str]) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.policy import Decision
+from graphflow.runtime.plan import NodeResult
+from scheduler.policy import Decision, Option
 
-__all__ = ["MATERIALIZE", "NodeTrace", "RunResult"]
+__all__ = ["MATERIALIZE", "NodeTrace", "RunResult", "node_trace"]
 
 MATERIALIZE = "materialize"  # the decision of the root's trace row
 
@@ -39,6 +40,37 @@ class NodeTrace:
         latency less the replica's time after its first token (decode, storing the state).
         The result's return trip stays in, so this bounds the served TTFT from above."""
         return self.latency_s - (self.measured_s - self.ttft_s)
+
+
+def node_trace(nid: str, d: Decision, res: NodeResult, context: int, decide_s: float, latency_s: float) -> NodeTrace:
+    """The trace row of node ``nid``, decided as ``d`` and run as ``res`` says: what ran is
+    what the replica did (a transfer that moved nothing, or a rebuild that rebuilt nothing, ran
+    as reuse or recompute), with the planned option kept beside it when they differ."""
+    ran = d.option
+    rebuilt_none = ran is Option.RECONSTRUCT and not res.rebuilt_tokens
+    if rebuilt_none or (ran is Option.TRANSFER and not res.transferred_tokens):
+        ran = Option.REUSE if res.reused_tokens else Option.RECOMPUTE
+    note = "; ".join(x for x in (d.fallback, res.note) if x)
+    return NodeTrace(
+        nid,
+        res.replica,
+        ran.value,
+        d.source if ran is Option.TRANSFER else "",
+        d.chosen_predicted_s,
+        res.total_s,
+        res.ttft_s,
+        res.bytes_moved,
+        res.prefill_tokens,
+        res.reused_tokens + res.transferred_tokens,
+        context,
+        res.text,
+        note,
+        res.rebuilt_tokens,
+        d.option.value if ran is not d.option else "",
+        decide_s,
+        latency_s,
+        res.phases,
+    )
 
 
 @dataclass(frozen=True, slots=True)
