@@ -23,7 +23,8 @@ from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.deployment import TRANSPORTS, Deployment
 from graphflow.runtime.errors import Unavailable, load_or_why
-from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
+from graphflow.runtime.replica import ReplicaWorker
+from graphflow.runtime.replica_config import ReplicaConfig
 from graphflow.runtime.stats import NodeInfo, ReplicaStats
 
 __all__ = [

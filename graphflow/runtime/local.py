@@ -10,7 +10,8 @@ from typing import Any
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.errors import load_or_why
-from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
+from graphflow.runtime.replica import ReplicaWorker
+from graphflow.runtime.replica_config import ReplicaConfig
 from graphflow.runtime.stats import ReplicaStats
 
 __all__ = ["LocalCluster", "ReplicaUnavailable"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,11 +44,12 @@ from graphflow.models.row_cache import RowCache
 from graphflow.models.threads import per_thread_support
 from graphflow.runtime.arrivals import Arrivals
 from graphflow.runtime.batcher import Batcher
-from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates, check_policy
+from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates
 from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
-from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS, MaterializeResult, NodePlan, NodeResult
+from graphflow.runtime.plan import BATCH_ROWS, MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
 from graphflow.runtime.replica_compute import NodeCompute
+from graphflow.runtime.replica_config import ReplicaConfig
 from graphflow.runtime.replica_sends import Sends
 from graphflow.runtime.replica_store import ReplicaStore
 from graphflow.runtime.stats import ReplicaStats, Route
@@ -57,7 +57,7 @@ from scheduler.policy import Option
 from transport.base import Transport, TransportConfig
 from transport.memory import host_arena
 
-__all__ = ["EVICTION_POLICIES", "ReplicaConfig", "ReplicaWorker"]
+__all__ = ["EVICTION_POLICIES", "ReplicaWorker"]
 
 
 ARENA_RECYCLE_BYTES = 2 << 30  # idle arena slabs kept for reuse beside the prefaulted pool
@@ -69,43 +69,6 @@ def _templates(engine: Engine, config: ReplicaConfig) -> TemplateKV | None:
         return None
     codec = ResidualCodec(recompute_head=config.recompute_head, recompute_fraction=config.recompute_fraction)
     return TemplateKV(engine, mode, codec, config.residual_refs, config.hot_min_count)
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaConfig:
-    name: str
-    model: str = "tiny-llama"
-    capacity_bytes: int = 1 << 30
-    block_tokens: int = 16
-    device: str = "cpu"
-    transport: str = "ucx"  # ucx | ray | local (peers reach the replica over this backend)
-    timeout_s: float = 120.0
-    kv_mode: str = "exact"  # exact | differential | stateless (kv.differential.template_kv)
-    recompute_head: int = 12  # differential: template tokens recomputed, not rebuilt
-    recompute_fraction: float = 0.0  # … or this fraction of each template's tokens, where more
-    residual_refs: int = 4  # differential: exact executions averaged into a path's residual
-    hot_min_count: int = 2  # differential: executions that make a path hot (others are pruned)
-    eviction: str = "score"  # score | oldest
-    node: str = ""  # the cluster node it runs on ("" = this host)
-    host: str = ""  # that node's IP address ("" = this host)
-    threads: int = 0  # torch threads of the engine (0: every core of the host, as a plain process gets)
-    prefault_bytes: int = 0  # KV memory faulted in at start, a block pool as vLLM allocates (0: on demand)
-    batching: bool = True  # nodes share forward passes in one engine loop (runtime.batcher); off: one at a time
-    max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens one engine step runs (decodes + prefill chunks)
-    max_queue: int = 64  # node requests the engine loop holds (the actor's concurrency stays below it)
-
-    def __post_init__(self) -> None:
-        check_policy(self.eviction)
-        if self.batching and not self.max_batch_tokens > BATCH_ROWS:
-            raise ValueError(
-                f"max_batch_tokens must exceed {BATCH_ROWS} (a step holds every decode), got {self.max_batch_tokens}"
-            )
-        if self.device != "cpu" and not self.device.startswith("cuda"):
-            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
-        if self.threads < 0 or self.prefault_bytes < 0:
-            raise ValueError(
-                f"threads and prefault_bytes must be non-negative, got {self.threads}, {self.prefault_bytes}"
-            )
 
 
 class ReplicaWorker:

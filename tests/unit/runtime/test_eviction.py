@@ -11,7 +11,8 @@ from graphflow.runtime.executor import WorkflowExecutor
 from graphflow.runtime.local import LocalCluster
 from graphflow.runtime.order import next_use
 from graphflow.runtime.plan import NodePlan, TemplateRef
-from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
+from graphflow.runtime.replica import ReplicaWorker
+from graphflow.runtime.replica_config import ReplicaConfig
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import Workflow, WorkflowNode
 from scheduler.cost import LinkSpec, PrefillModel

@@ -7,7 +7,8 @@ import pytest
 from graphflow.kv.differential.store import KVMode
 from graphflow.kv.differential.template_kv import TemplateKV, kv_mode
 from graphflow.runtime.plan import NodePlan, TemplateRef
-from graphflow.runtime.replica import ReplicaConfig, ReplicaWorker
+from graphflow.runtime.replica import ReplicaWorker
+from graphflow.runtime.replica_config import ReplicaConfig
 from scheduler.policy import Option
 
 R = Option.RECONSTRUCT
