@@ -10,6 +10,7 @@ committed results.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,19 +47,29 @@ QUICK = {
 
 def table(result: ServeReport, settings: dict[str, Any]) -> str:
     head = "| system | batching | workflows | agents | tok/s | TTFT p50 s | TTFT p99 s "
-    lines = [head + "| replicas' peak RSS growth MiB¹ | KV MiB | rows per engine step |", "|---" * 10 + "|"]
+    lines = [
+        head + "| replicas' peak RSS growth MiB¹ | KV MiB | rows per engine step | cores: replicas / other² |",
+        "|---" * 11 + "|",
+    ]
     for r in result.rows:
         per_step = f"{r.rows_per_step:.1f}" if r.batching else "—"
         lines.append(
             f"| {r.system} | {'on' if r.batching else 'off'} | {r.workflows} | {r.agents} "
             f"| {r.tokens_per_s:.1f} | {r.ttft_p50_s:.2f} | {r.ttft_p99_s:.2f} "
-            f"| {r.peak_rss_bytes / 2**20:.0f} | {r.kv_bytes / 2**20:.0f} | {per_step} |"
+            f"| {r.peak_rss_bytes / 2**20:.0f} | {r.kv_bytes / 2**20:.0f} | {per_step} "
+            f"| {r.replica_cores:.2f} / {r.other_cores:.2f} |"
         )
     lines.append("")
     lines.append(
         "¹ From the same workload run again in a trial of its own after every timed trial (measuring "
         "peak growth hands freed memory back to the OS first, so it is not timed); the timed trials "
         "run in steady state after a full-size warm-up."
+    )
+    lines.append(
+        "² CPU seconds over the trial's wall time: the replicas' processes, and everything else on the "
+        "host (the client driving the workflows, Ray's processes, the OS), from /proc/stat "
+        "(`graphflow/bench/host_cpu.py`); the host has "
+        f"{os.cpu_count()} cores."
     )
     lines.append("")
     speedups = ", ".join(f"{w} workflows {x:.2f}×" for w, x in result.speedup_vs_unbatched.items())

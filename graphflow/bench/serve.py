@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from graphflow.bench.host_cpu import host_busy_seconds
 from graphflow.bench.replica_memory import ReplicaMemory
 from graphflow.bench.serve_report import HolRow, MemoryRow, ServeReport, ServeRow, percentile
 from graphflow.bench.served import PinnedAgent
@@ -89,7 +90,7 @@ class ServeBench:
             ex.materialize_root(f"upstream-{new_run_id()}-{i}", root, HOLDER)
         if memory:
             self.memory.start()
-        steps_before = self._engine_counts()
+        before = self._counters()
         results: list[RunResult | BaseException] = [RuntimeError("not run")] * workflows
 
         def one(i: int) -> None:
@@ -114,7 +115,7 @@ class ServeBench:
         ttfts = [t.first_token_s for t in agent_traces]
         decisions = decision_counts(agent_traces)
         growth, kv = self.memory.growth() if memory else 0, self.memory.kept_bytes()
-        steps, rows = (after - before for after, before in zip(self._engine_counts(), steps_before, strict=True))
+        steps, rows, replica_cpu, host_cpu = (a - b for a, b in zip(self._counters(), before, strict=True))
         return ServeRow(
             self.batching,
             workflows,
@@ -127,9 +128,11 @@ class ServeBench:
             growth,
             kv,
             decisions,
-            steps,
+            int(steps),
             rows / steps if steps else 0.0,
             system,
+            replica_cpu,
+            host_cpu,
         )
 
     # ---- shared root ---------------------------------------------------------------------
@@ -188,10 +191,12 @@ class ServeBench:
         """Each agent prompt's length in the served model's tokens."""
         return tuple(len(self.contexts.encode(_agent_prompt(i))) for i in range(agents))
 
-    def _engine_counts(self) -> tuple[int, int]:
-        """(engine steps, forward rows) the replicas' loops have run so far."""
+    def _counters(self) -> tuple[float, float, float, float]:
+        """Engine steps and forward rows the replicas' loops have run so far, the replicas' CPU
+        seconds, and the host's busy CPU seconds (:mod:`graphflow.bench.host_cpu`)."""
         stats = self.client.status()
-        return sum(s.engine_steps for s in stats), sum(s.engine_rows for s in stats)
+        steps, rows = sum(s.engine_steps for s in stats), sum(s.engine_rows for s in stats)
+        return steps, rows, sum(s.cpu_s for s in stats), host_busy_seconds()
 
     def _engine_pauses(self) -> int:
         return sum(s.engine_pauses for s in self.client.status())

@@ -39,6 +39,18 @@ class ServeRow:
     engine_steps: int  # the replicas' engine-loop steps over the timed part (0: batching off)
     rows_per_step: float  # forward rows per engine step, on average (how much the loop batched)
     system: str = "ours"  # or a baseline of graphflow.bench.systems
+    replica_cpu_s: float = 0.0  # CPU seconds the replicas' processes used over the timed part
+    host_cpu_s: float = 0.0  # busy CPU seconds of the whole host over it (replicas, client, Ray, OS)
+
+    @property
+    def replica_cores(self) -> float:
+        """Cores the replicas kept busy on average over the trial."""
+        return self.replica_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def other_cores(self) -> float:
+        """Cores everything but the replicas kept busy (the client, Ray, the OS)."""
+        return max(0.0, self.host_cpu_s - self.replica_cpu_s) / self.wall_s if self.wall_s > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +127,7 @@ class ServeReport:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "rows": [asdict(r) for r in self.rows],
+            "rows": [{**asdict(r), "replica_cores": r.replica_cores, "other_cores": r.other_cores} for r in self.rows],
             "speedup_vs_unbatched": self.speedup_vs_unbatched,
             "ours_over": {s: self.ours_over(s) for s in sorted({r.system for r in self.rows} - {"ours"})},
             "ours_over_prefix_caching": self.ours_over_prefix_caching,

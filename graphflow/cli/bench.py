@@ -319,6 +319,7 @@ def bench_serve_cmd(
         "peak RSS MiB",
         "KV MiB",
         "rows/step",
+        "cores: replicas / other",
         title=f"bench serve: {model}",
     )
     for r in result.rows:
@@ -333,6 +334,7 @@ def bench_serve_cmd(
             f"{r.peak_rss_bytes / 2**20:.0f}" if result.row_memory else "—",
             f"{r.kv_bytes / 2**20:.0f}",
             f"{r.rows_per_step:.1f}" if r.batching else "—",
+            f"{r.replica_cores:.2f} / {r.other_cores:.2f}",
         )
     out.print(table)
     for w, x in result.speedup_vs_unbatched.items():

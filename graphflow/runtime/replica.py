@@ -449,6 +449,7 @@ class ReplicaWorker:
             queue=self.queue_length(),
             shared_prefix_copies=self._prefixes.built,
             protected_states=len(self._held.needed_now()),
+            cpu_s=time.process_time(),
             templates=self.templates.summary() if self.templates else TemplateStats(),
             routes=tuple(Route(peer, via) for peer, via in self.transport.routes().items()),
         )

@@ -70,6 +70,7 @@ class ReplicaStats:
     queue: int  # node calls in this replica now
     shared_prefix_copies: int
     protected_states: int  # kept states a ready node of a running workflow needs (not evictable)
+    cpu_s: float = 0.0  # CPU seconds of the replica's process since it started, all its threads
     templates: TemplateStats = field(default_factory=TemplateStats)
     prefix: PrefixHits = field(default_factory=PrefixHits)
     routes: tuple[Route, ...] = ()  # the peers this replica has connected to, and how

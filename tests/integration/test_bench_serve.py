@@ -47,6 +47,7 @@ def test_bench_serve_batches_concurrent_workflows_and_shares_a_root():
         assert r["agents"] == 2 * r["workflows"] and r["generated_tokens"] == 6 * r["agents"]
         assert r["tokens_per_s"] > 0 and 0 < r["ttft_p50_s"] <= r["ttft_p99_s"]
         assert r["peak_rss_bytes"] > 0  # measured, in a trial of its own after the timed ones
+        assert r["replica_cpu_s"] > 0 and r["host_cpu_s"] > 0 and r["replica_cores"] > 0
     assert got["row_memory"] is True
     # the engine loop ran the batched rows, and several nodes shared its steps; none ran without it
     assert rows[True, 4]["engine_steps"] > 0 and rows[True, 4]["rows_per_step"] > 1.0

@@ -57,3 +57,12 @@ def test_ours_is_compared_with_each_baseline_on_the_batched_rows():
     assert report.speedup_vs_unbatched == {16: 3.0}  # ours batched over ours unbatched, not a baseline
     assert report.ours_over("dense") == {16: 6.0}
     assert report.ours_over_prefix_caching == {16: pytest.approx(1.5)}  # the better of local and routed
+
+
+def test_cores_are_cpu_seconds_over_the_trial():
+    r = replace(row(True, 4, 40.0), replica_cpu_s=15.0, host_cpu_s=19.0)  # a 10 s trial
+    assert r.replica_cores == 1.5 and r.other_cores == pytest.approx(0.4)
+    out = ServeReport((r,)).to_json()["rows"][0]
+    assert out["replica_cores"] == 1.5 and out["other_cores"] == pytest.approx(0.4)
+    assert replace(r, host_cpu_s=14.0).other_cores == 0.0  # windows read a moment apart: never negative
+
