@@ -65,4 +65,3 @@ def test_cores_are_cpu_seconds_over_the_trial():
     out = ServeReport((r,)).to_json()["rows"][0]
     assert out["replica_cores"] == 1.5 and out["other_cores"] == pytest.approx(0.4)
     assert replace(r, host_cpu_s=14.0).other_cores == 0.0  # windows read a moment apart: never negative
-
