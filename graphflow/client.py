@@ -24,8 +24,8 @@ from graphflow.runtime.stats import ReplicaStats
 from graphflow.runtime.trace import RunResult
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import Workflow
-from scheduler.calibrate import fit_linear, fit_link, fit_prefill
-from scheduler.cost import LinkMatrix, LinkSpec
+from scheduler.calibrate import fit_decode, fit_linear, fit_link, fit_prefill
+from scheduler.cost import DecodeModel, LinkMatrix, LinkSpec
 from scheduler.policy import Policy
 from transport.base import transfer_ids
 
@@ -62,6 +62,8 @@ class Calibration(NamedTuple):
 # 2560 tokens over-predicted SmolLM2's prefill at 4K by 6-19%)
 CALIBRATION_PREFILL_TOKENS = (96, 384, 1536, 3584)
 CALIBRATION_RESUME_TOKENS = (384, 1536)  # a cache rebuild is linear in bytes
+DECODE_ROWS = (1, 2, 4, 8, 16)  # rows of the decode steps calibration times, at two contexts
+CONTENTION_STEPS = 8  # single-row steps timed alone, then on every replica at once
 LINK_PROBE_BYTES = (1 << 20, 4 << 20, 16 << 20)
 LINK_PROBE_REPEATS = 3
 LINK_PROBE_BUDGET_S = 0.25  # a probe this slow is bandwidth-bound: larger sizes add time, not information
@@ -134,7 +136,28 @@ def _measure_costs(cluster: Any, r0: str) -> Policy:
     mode = cluster.get(cluster.call(r0, "stats")).kv_mode
     costs = cluster.get(cluster.call(r0, "cost_samples", [n for n in CALIBRATION_RESUME_TOKENS if n in grid]))
     reconstruct = fit_linear(costs["reconstruct"]) if mode != "exact" else None
-    return Policy(prefill, fit_linear(costs["resume"]), reconstruct)
+    return Policy(prefill, fit_linear(costs["resume"]), reconstruct, decode=_measure_decode(cluster, r0, grid))
+
+
+def _measure_decode(cluster: Any, r0: str, grid: list[int]) -> DecodeModel | None:
+    """Decode steps of ``DECODE_ROWS`` rows over the grid's shortest and middle contexts on
+    ``r0``; the contention factor from ``r0``'s single-row steps over the middle context while
+    every replica runs them at once, over ``r0``'s alone. None where replicas have no engine loop."""
+    if len(grid) < 2:
+        return None  # NOTE: a model this short decodes too little for the term to matter
+    short, long = grid[0], grid[len(grid) // 2]
+    points = [(rows, n) for n in (short, long) for rows in DECODE_ROWS]
+    samples = cluster.get(cluster.call(r0, "decode_seconds", points))
+    if not samples:
+        return None
+    contention = 1.0
+    if len(cluster.replicas) > 1:
+        probe = [(1, long)]
+        alone = cluster.get(cluster.call(r0, "decode_seconds", probe, CONTENTION_STEPS))[0][2]
+        handles = {r: cluster.call(r, "decode_seconds", probe, CONTENTION_STEPS) for r in cluster.replicas}
+        together = {r: cluster.get(h)[0][2] for r, h in handles.items()}[r0]
+        contention = together / alone
+    return fit_decode(samples, contention)
 
 
 def measure_pair(cluster: Any, src: str, dst: str) -> LinkSpec:

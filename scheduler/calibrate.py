@@ -13,9 +13,17 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler.cost import LinearCost, LinkSpec, PrefillModel
+from scheduler.cost import DecodeModel, LinearCost, LinkSpec, PrefillModel
 
-__all__ = ["PROFILE_VERSION", "Profile", "fit_linear", "fit_link", "fit_prefill", "load_profile", "save_profile"]
+__all__ = [
+    "PROFILE_VERSION",
+    "Profile",
+    "fit_decode",
+    "fit_link",
+    "fit_prefill",
+    "load_profile",
+    "save_profile",
+]
 
 PROFILE_VERSION = 1
 
@@ -48,6 +56,28 @@ def fit_prefill(samples: Sequence[tuple[int, float]], model: str = "", replica: 
     x = np.stack([np.ones_like(L), L, L * L], axis=1) / y[:, None]
     a, b, c = _nnls(x, np.ones_like(y))
     return PrefillModel(float(a), float(b), float(c), model, replica)
+
+
+def fit_decode(samples: Sequence[tuple[int, int, float]], contention: float = 1.0) -> DecodeModel:
+    """The step table of measured ``(rows, context, seconds)`` decode steps: every row count at
+    each of two contexts, the median where a point was measured more than once, and each
+    context's seconds made non-decreasing in rows (a step of more rows never costs less);
+    ``contention`` (clamped to ≥ 1) is measured apart."""
+    rows = sorted({r for r, _, _ in samples})
+    contexts = sorted({c for _, c, _ in samples})
+    if len(rows) < 2 or len(contexts) != 2 or len(samples) < 2 * len(rows):
+        raise ValueError("fitting decode steps needs two or more row counts, each measured at two context lengths")
+    table = []
+    for c in contexts:
+        seconds, floor = [], 0.0
+        for r in rows:
+            got = [s for q, n, s in samples if (q, n) == (r, c)]
+            if not got:
+                raise ValueError(f"no decode step measured for {r} rows over {c} tokens")
+            floor = max(floor, float(np.median(got)))
+            seconds.append(floor)
+        table.append(tuple(seconds))
+    return DecodeModel(tuple(rows), (contexts[0], contexts[1]), (table[0], table[1]), max(1.0, contention))
 
 
 def fit_linear(samples: Sequence[tuple[int, float]]) -> LinearCost:

@@ -7,6 +7,12 @@
   with α and β *measured* per backend and peer pair by ``transport.probe``.
 * ``T_resume(bytes) = r0 + r1·bytes`` — rebuilding a cache from received blocks (measured).
 * ``T_reconstruct(bytes) = q0 + q1·bytes`` — base + residual → KV (GraphFlow; measured).
+* ``T_step(rows, L)`` — one engine-loop decode step of ``rows`` requests continuing one
+  ``L``-token context, *measured* at a few row counts and two contexts and interpolated
+  linearly between them (a step's cost is not linear in its rows: on this CPU two rows cost
+  what one does, four noticeably more); times ``κ`` while the deployment's other replicas step
+  too (they share the host's memory traffic and cores; ``κ = 1`` on hosts of their own).
+  Measured at calibration (``runtime.calibration.decode_samples``).
 
 Hardware numbers are parameters, never constants in here.
 """
@@ -15,7 +21,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LinearCost", "LinkMatrix", "LinkSpec", "PrefillModel", "t_prefill", "t_prefill_suffix", "t_transfer"]
+__all__ = [
+    "DecodeModel",
+    "LinearCost",
+    "LinkMatrix",
+    "LinkSpec",
+    "PrefillModel",
+    "t_prefill",
+    "t_prefill_suffix",
+    "t_transfer",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +112,46 @@ class LinearCost:
 
     def __call__(self, nbytes: int) -> float:
         return self.fixed_s + self.per_byte_s * nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeModel:
+    """Seconds of one decode step of ``rows[j]`` requests continuing a ``contexts[i]``-token
+    context, ``seconds[i][j]``; :meth:`step_s` interpolates linearly in rows, then in context,
+    and extends the outer segments beyond the grid. ``contention`` (≥ 1) multiplies a step while
+    every other replica of the deployment steps too."""
+
+    rows: tuple[int, ...]
+    contexts: tuple[int, int]
+    seconds: tuple[tuple[float, ...], tuple[float, ...]]
+    contention: float = 1.0
+
+    def __post_init__(self) -> None:
+        if len(self.rows) < 2 or list(self.rows) != sorted(set(self.rows)) or self.rows[0] < 1:
+            raise ValueError(f"a decode model needs two or more ascending row counts from 1, got {self.rows}")
+        if not 0 < self.contexts[0] < self.contexts[1]:
+            raise ValueError(f"a decode model needs two ascending context lengths, got {self.contexts}")
+        if any(len(row) != len(self.rows) or min(row) < 0 for row in self.seconds) or len(self.seconds) != 2:
+            raise ValueError("a decode model needs non-negative seconds for every row count at both contexts")
+        if self.contention < 1:
+            raise ValueError(f"contention is a slowdown, at least 1, got {self.contention}")
+
+    def step_s(self, rows: int, context: int) -> float:
+        """Seconds of one step of ``rows`` rows over ``context`` tokens (0 for no rows)."""
+        if rows < 0 or context < 0:
+            raise ValueError(f"rows and context must be non-negative, got {rows}, {context}")
+        if rows == 0:
+            return 0.0
+        short, long = (_interpolate(self.rows, s, rows) for s in self.seconds)
+        c0, c1 = self.contexts
+        return max(0.0, short + (long - short) * (context - c0) / (c1 - c0))
+
+
+def _interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
+    """Piecewise-linear ``y(x)`` through the points, the outer segments extended."""
+    j = next((i for i in range(1, len(xs) - 1) if x < xs[i]), len(xs) - 1)
+    x0, x1, y0, y1 = xs[j - 1], xs[j], ys[j - 1], ys[j]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def t_prefill(m: PrefillModel, tokens: int) -> float:

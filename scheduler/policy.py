@@ -23,11 +23,11 @@ afterwards, and :func:`regret` / :func:`prediction_error` grade the record.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from scheduler.cost import LinearCost, LinkSpec, PrefillModel, t_prefill, t_prefill_suffix, t_transfer
+from scheduler.cost import DecodeModel, LinearCost, LinkSpec, PrefillModel, t_prefill, t_prefill_suffix, t_transfer
 
 __all__ = [
     "Decision",
@@ -110,6 +110,7 @@ class Policy:
     resume: LinearCost = field(default_factory=lambda: LinearCost(0.0, 0.0))
     reconstruct: LinearCost | None = None
     lam_s_per_byte: float = 0.0
+    decode: DecodeModel | None = None  # None: placement leaves decode out (it costs the same everywhere)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,14 +275,20 @@ def prefill_work_s(d: Decision, pol: Policy) -> float:
 
 
 def place(
-    requests: Sequence[StateRequest], queue_s: dict[str, float], pol: Policy, force: Option | None = None
+    requests: Sequence[StateRequest],
+    queue_s: Mapping[str, float],
+    pol: Policy,
+    force: Option | None = None,
+    extra_s: Callable[[Decision], float] | None = None,
 ) -> Decision:
-    """Choose the replica: each replica's best option plus the work already queued there
-    (``force``: see :func:`decide`)."""
+    """Choose the replica: each replica's best option plus the work already queued there and,
+    with ``extra_s``, what else the decision costs (the decode term, :mod:`scheduler.decode`;
+    ``force``: see :func:`decide`)."""
     if not requests:
         raise ValueError("no candidate replicas to place the node on")
     decisions = [decide(r, pol, force) for r in requests]
-    return min(decisions, key=lambda d: d.scores[d.option] + queue_s.get(d.replica, 0.0))
+    extra = extra_s or (lambda d: 0.0)
+    return min(decisions, key=lambda d: d.scores[d.option] + queue_s.get(d.replica, 0.0) + extra(d))
 
 
 def regret(decisions: Sequence[Decision]) -> float:

@@ -2,7 +2,8 @@
 
 ``prefill_samples`` → ``T_prefill``; ``resume_samples`` → ``T_resume`` (a cache rebuilt from
 received blocks); ``reconstruct_samples`` → ``T_reconstruct`` (a template's KV from its base
-and a residual). Served replicas run these at ``graphflow serve`` / ``connect()``;
+and a residual); ``decode_samples`` → ``T_step`` (an engine-loop decode step of several rows over a
+shared prefix). Served replicas run these at ``graphflow serve`` / ``connect()``;
 ``graphflow calibrate`` runs the same functions in one process and writes a profile.
 """
 
@@ -18,8 +19,15 @@ from graphflow.kv.differential.codecs import ResidualCodec, apply_residual, fram
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
 from graphflow.models.prompts import prompt_token_ids
+from graphflow.models.ragged import Row, SharedPrefix, forward_rows
 
-__all__ = ["TEMPLATE_LENGTHS", "median_seconds", "prefill_samples", "reconstruct_samples", "resume_samples"]
+__all__ = [
+    "TEMPLATE_LENGTHS",
+    "decode_samples",
+    "prefill_samples",
+    "reconstruct_samples",
+    "resume_samples",
+]
 
 TEMPLATE_LENGTHS = (16, 64, 256)
 
@@ -80,3 +88,24 @@ def reconstruct_samples(
         enc = codec.encode(frame0_residual(template_kv(engine, ids, prefix), base, n, rope))
         samples.append((enc.nbytes, median_seconds(partial(apply_residual, base, enc, n, rope), repeats)))
     return samples
+
+
+def decode_samples(
+    engine: Engine, points: Sequence[tuple[int, int]], block_tokens: int = 16, steps: int = 3
+) -> list[tuple[int, int, float]]:
+    """``(rows, context, seconds)`` of one decode step of ``rows`` requests continuing one shared
+    ``context``-token prefix held in ``block_tokens``-token blocks, each row with a room of its
+    own, through the ragged forward the engine loop runs (agents over one root decode this
+    way); the median of ``steps`` steps after one untimed."""
+    prefixes: dict[int, SharedPrefix] = {}
+    out = []
+    for rows, context in points:
+        if rows < 1 or context < 1:
+            raise ValueError(f"a decode sample needs at least one row and one context token, got {rows}, {context}")
+        if context not in prefixes:  # NOTE: read from blocks, as a served root is: each step gathers it
+            ids = prompt_token_ids(engine.tokenizer, context)
+            blocks = cache_to_blocks(engine.prefill(ids).cache, ids, engine.identity, block_tokens)
+            prefixes[context] = SharedPrefix([b.tensor for b in blocks], engine.device)
+        batch = [Row([1], engine.new_cache(steps + 1), prefixes[context]) for _ in range(rows)]
+        out.append((rows, context, median_seconds(partial(forward_rows, engine.model, batch), steps)))
+    return out

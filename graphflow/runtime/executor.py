@@ -34,6 +34,7 @@ from graphflow.runtime.run_state import Flight, RunState
 from graphflow.runtime.trace import MATERIALIZE, NodeTrace, RunResult, node_trace
 from graphflow.workflow.compile import ROOT, ExecGraph, node_context, node_path
 from scheduler.cost import LinkMatrix, LinkSpec
+from scheduler.decode import decode_s, send_delay_s
 from scheduler.policy import (
     Decision,
     Option,
@@ -264,20 +265,34 @@ class WorkflowExecutor:
                     residual=self._residual(held.get(r), len(ctx), tmpl),
                 )
             )
-        return place(requests, self._queue_s(len(ctx), load, work), self.policy, force)
-
-    def _queue_s(self, tokens: int, load: dict[str, int], work: dict[str, float]) -> dict[str, float]:
-        """Seconds of work ahead of a new node on each replica.
-
-        This run's nodes in flight there are charged the prefill they were decided to take: a
-        replica's engine loop runs their decodes in the steps it runs anyway, one row each, so
-        a queued decode barely delays a newcomer while a queued prefill takes its own steps.
-        Other clients' nodes (the replica's count beyond this run's) are of unknown size and are
-        charged a prefill of this node's whole context each."""
         # NOTE: the replicas count every client's nodes; this run's own launches may not have arrived yet
         reported = self.cluster.queue_lengths()
+        rows = {r: max(n, reported.get(r, 0)) for r, n in load.items()}
+        queue = self._queue_s(len(ctx), rows, load, work)
+        decode = self.policy.decode
+        if decode is None:
+            return place(requests, queue, self.policy, force)
+        added = {r: decode_s(decode, r, rows, self.decode_steps, len(ctx)) for r in rows}
+
+        def extra(d: Decision) -> float:
+            if d.option is not Option.TRANSFER:
+                return added[d.replica]
+            return added[d.replica] + send_delay_s(d, rows, self.bpt, self.links.link(d.source, d.replica))
+
+        return place(requests, queue, self.policy, force, extra)
+
+    def _queue_s(
+        self, tokens: int, rows: dict[str, int], load: dict[str, int], work: dict[str, float]
+    ) -> dict[str, float]:
+        """Seconds of prefill ahead of a new node on each replica.
+
+        This run's nodes in flight there are charged the prefill they were decided to take: a
+        replica's engine loop runs their decodes in the steps it runs anyway, one row each (what
+        a row more costs there is the policy's decode term, :mod:`scheduler.decode`), while a
+        queued prefill takes its own steps. Other clients' nodes (``rows`` beyond this run's
+        ``load``) are of unknown size and are charged a prefill of this node's whole context each."""
         full = self.policy.prefill(tokens)
-        return {r: work[r] + max(0, reported.get(r, 0) - n) * full for r, n in load.items()}
+        return {r: work[r] + (rows[r] - n) * full for r, n in load.items()}
 
     @staticmethod
     def _arriving(ctx: list[int], transferring: Mapping[str, tuple[int, ...]]) -> dict[str, int]:

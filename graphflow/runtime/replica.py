@@ -286,6 +286,16 @@ class ReplicaWorker:
             return self.batcher.call(prefill_samples, self.engine, lengths, repeats)
         return prefill_samples(self.engine, lengths, repeats)
 
+    def decode_seconds(self, points: Sequence[tuple[int, int]], steps: int = 3) -> list[tuple[int, int, float]]:
+        """Measured engine-loop decode steps, ``(rows, context, seconds)`` per point (calibration's
+        ``decode_samples``), on the loop's thread; none without an engine loop (requests then
+        run one at a time and the policy leaves decode out)."""
+        from graphflow.runtime.calibration import decode_samples
+
+        if self.batcher is None:
+            return []
+        return self.batcher.call(decode_samples, self.engine, points, self.config.block_tokens, steps)
+
     def cost_samples(self, lengths: Sequence[int], repeats: int = 2) -> dict[str, list[tuple[int, float]]]:
         """Measured (bytes, seconds) of rebuilding a cache from blocks (``resume``) and a
         template from base + residual (``reconstruct``), for the policy's costs."""

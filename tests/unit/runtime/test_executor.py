@@ -11,7 +11,7 @@ from graphflow.runtime.plan import NodePlan
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import load_corpus, references
 from graphflow.workflow.shapes import fan_out_workflow
-from scheduler.cost import LinkSpec, PrefillModel
+from scheduler.cost import DecodeModel, LinkSpec, PrefillModel
 from scheduler.policy import Option, Policy
 
 
@@ -114,6 +114,9 @@ def test_calibrate_cluster_measures_a_link_that_grows_with_size(cluster):
     assert set(cal.links.pairs) == {("replica-0", "replica-1"), ("replica-1", "replica-0")}
     assert all(ln.bandwidth_bytes_per_s > 0 and ln.latency_s >= 0 for ln in cal.links.pairs.values())
     assert cal.policy.resume.per_byte_s >= 0 and cal.policy.reconstruct is None  # exact mode: no rebuilds
+    steps = cal.policy.decode  # the engine loops' decode steps, measured on replica-0
+    assert steps is not None and steps.rows == (1, 2, 4, 8, 16) and steps.contention >= 1
+    assert all(0 < a <= b for row in steps.seconds for a, b in zip(row, row[1:], strict=False))
     assert cal.kv_bytes_per_token == cluster.workers["replica-0"].kv_bytes_per_token()
     assert cal.model_key == cluster.workers["replica-1"].model_key()
     samples = measure_link(cluster, "replica-0", "replica-1", sizes=(1 << 16, 1 << 22), repeats=2)
@@ -227,3 +230,22 @@ def test_branches_join_a_transfer_already_bringing_their_prefix_instead_of_waiti
     moved = sum(t.bytes_moved for t in got.trace)
     assert moved == max(t.bytes_moved for t in got.trace) > 0  # one transfer's bytes, no second copy
     assert got.outputs == ex.run(fan, ids, "t-join-off", reuse=False).outputs
+
+
+@pytest.mark.parametrize(
+    ("steps", "spread"),
+    [
+        # a step costs the same for any rows and replicas stepping together slow each other 2×: stay
+        (((1, 2, 16), (100, 200), ((1.0, 1.0, 1.0), (1.0, 1.0, 1.0)), 2.0), False),
+        # a second row makes every step 1,000× dearer: each branch is worth a replica of its own
+        (((1, 2, 16), (100, 200), ((0.01, 10.0, 150.0), (0.01, 10.0, 150.0)), 1.0), True),
+    ],
+)
+def test_the_decode_term_keeps_branches_on_a_busy_replica_or_spreads_them(cluster, steps, spread):
+    w0 = cluster.workers["replica-0"]
+    ids = w0.encode(f"(decode {spread}) " + TASK * 2)
+    pol = Policy(PrefillModel(0.0, 1e-2, 0.0), decode=DecodeModel(*steps))  # prefill dear, the link fast
+    ex = WorkflowExecutor(cluster, pol, LinkSpec("local", 1e12, 1e-5), w0.kv_bytes_per_token(), w0.model_key(), 6)
+    got = ex.run(compile_workflow(fan_out_workflow(4)), ids, f"t-decode-{spread}", pin={"ROOT": "replica-0"})
+    branches = {t.replica for t in got.nodes if t.node.startswith("b")}
+    assert branches == ({"replica-0", "replica-1"} if spread else {"replica-0"})
