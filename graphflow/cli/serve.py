@@ -147,7 +147,7 @@ def serve(
     cluster = RayCluster.start(ray, want, detached=True, snapshot_dir=snapshots, replace_existing=replace)
     previous = None if recalibrate else cluster.shared(CALIBRATION_KEY)
     say(
-        "measuring prefill and replica-to-replica transfer costs for the scheduler"
+        "measuring prefill, decode-step and replica-to-replica transfer costs for the scheduler"
         + (" (what changed since the deployment's last calibration)" if previous is not None else "")
     )
     calibration = calibrate_cluster(cluster, previous)
@@ -170,6 +170,8 @@ def serve(
             {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
             for (a, b), ln in sorted(calibration.links.pairs.items())
         ],
+        # seconds of one engine-loop decode step per (context, rows); None: no engine loop (--no-batching)
+        "decode_steps": asdict(steps) if (steps := calibration.policy.decode) is not None else None,
     }
     if json_out:
         emit(info)

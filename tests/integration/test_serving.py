@@ -29,6 +29,9 @@ def test_serve_submit_status_shutdown(tmp_path):
         pairs = {(ln["src"], ln["dst"]) for ln in served["links"]}  # measured once per ordered pair, shared
         assert pairs == {("graphflow-replica-0", "graphflow-replica-1"), ("graphflow-replica-1", "graphflow-replica-0")}
         assert all(ln["bandwidth_bytes_per_s"] > 0 for ln in served["links"])
+        steps = served["decode_steps"]  # the engine loop's decode steps, measured for placement
+        assert steps["rows"] == [1, 2, 4, 8, 16] and steps["contention"] >= 1
+        assert all(s > 0 for row in steps["seconds"] for s in row)
         other = _cli("serve", "--address", HEAD, "--model", "tiny-qwen2", "--detach", check=False)
         said = other.stderr.strip().splitlines()[-1]  # one sentence naming both (Ray logs its own lines first)
         assert other.returncode == 2 and "already serves 2 × tiny-llama" in said and "tiny-qwen2" in said
