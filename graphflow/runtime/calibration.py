@@ -24,6 +24,7 @@ from graphflow.models.ragged import Row, SharedPrefix, forward_rows
 __all__ = [
     "TEMPLATE_LENGTHS",
     "decode_samples",
+    "median_seconds",
     "prefill_samples",
     "reconstruct_samples",
     "resume_samples",
