@@ -154,9 +154,9 @@ def _measure_decode(cluster: Any, r0: str, grid: list[int]) -> DecodeModel | Non
     if len(cluster.replicas) > 1:
         probe = [(1, long)]
         alone = cluster.get(cluster.call(r0, "decode_seconds", probe, CONTENTION_STEPS))[0][2]
-        handles = {r: cluster.call(r, "decode_seconds", probe, CONTENTION_STEPS) for r in cluster.replicas}
-        together = {r: cluster.get(h)[0][2] for r, h in handles.items()}[r0]
-        contention = together / alone
+        handles = [cluster.call(r, "decode_seconds", probe, CONTENTION_STEPS) for r in cluster.replicas]
+        together = [cluster.get(h) for h in handles]  # NOTE: wait for every replica, keep r0's
+        contention = together[cluster.replicas.index(r0)][0][2] / alone
     return fit_decode(samples, contention)
 
 

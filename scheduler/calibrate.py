@@ -19,6 +19,7 @@ __all__ = [
     "PROFILE_VERSION",
     "Profile",
     "fit_decode",
+    "fit_linear",
     "fit_link",
     "fit_prefill",
     "load_profile",

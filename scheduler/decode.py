@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from scheduler.cost import DecodeModel, LinkSpec, t_transfer
+from scheduler.cost import DecodeModel, LinkMatrix, t_transfer
 from scheduler.policy import Decision, Option
 
 __all__ = ["decode_s", "send_delay_s"]
@@ -51,9 +51,9 @@ def decode_s(model: DecodeModel, replica: str, rows: Mapping[str, int], steps: i
     return steps * (own + batch + contended)
 
 
-def send_delay_s(d: Decision, rows: Mapping[str, int], kv_bytes_per_token: int, link: LinkSpec) -> float:
-    """What ``d``'s send holds up on its source: the send's time over ``link`` when ``d`` is a
-    transfer from a replica with rows decoding, else 0."""
+def send_delay_s(d: Decision, rows: Mapping[str, int], kv_bytes_per_token: int, links: LinkMatrix) -> float:
+    """What ``d``'s send holds up on its source: the send's time over the source's link to
+    ``d``'s replica when ``d`` is a transfer from a replica with rows decoding, else 0."""
     if d.option is not Option.TRANSFER or not rows.get(d.source, 0):
         return 0.0
-    return t_transfer((d.source_tokens - d.local_tokens) * kv_bytes_per_token, link)
+    return t_transfer((d.source_tokens - d.local_tokens) * kv_bytes_per_token, links.link(d.source, d.replica))

@@ -273,12 +273,7 @@ class WorkflowExecutor:
         if decode is None:
             return place(requests, queue, self.policy, force)
         added = {r: decode_s(decode, r, rows, self.decode_steps, len(ctx)) for r in rows}
-
-        def extra(d: Decision) -> float:
-            if d.option is not Option.TRANSFER:
-                return added[d.replica]
-            return added[d.replica] + send_delay_s(d, rows, self.bpt, self.links.link(d.source, d.replica))
-
+        extra = lambda d: added[d.replica] + send_delay_s(d, rows, self.bpt, self.links)  # noqa: E731
         return place(requests, queue, self.policy, force, extra)
 
     def _queue_s(

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.calibrate import fit_decode
-from scheduler.cost import DecodeModel, LinkSpec, PrefillModel, t_transfer
+from scheduler.cost import DecodeModel, LinkMatrix, LinkSpec, PrefillModel, t_transfer
 from scheduler.decode import decode_s, send_delay_s
 from scheduler.policy import Option, Policy, RemoteCopy, StateRequest, decide, place
 
@@ -71,8 +71,9 @@ def test_a_send_holds_up_a_busy_source_only():
     d = decide(req, Policy(PrefillModel(0.0, 1.0, 0.0)))
     assert d.option is Option.TRANSFER
     link = LinkSpec("x", 1e6, 0.0)
-    assert send_delay_s(d, {"a": 1, "b": 0}, 100, link) == pytest.approx(t_transfer(992 * 100, link))
-    assert send_delay_s(d, {"a": 0, "b": 0}, 100, link) == 0.0
+    links = LinkMatrix.uniform(link)
+    assert send_delay_s(d, {"a": 1, "b": 0}, 100, links) == pytest.approx(t_transfer(992 * 100, link))
+    assert send_delay_s(d, {"a": 0, "b": 0}, 100, links) == 0.0
 
 
 def test_place_adds_the_extra_cost_of_each_decision():
