@@ -59,6 +59,7 @@ on 2 cores), and :meth:`Batcher.call` runs other engine work there between steps
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -172,6 +173,7 @@ class Batcher:
         self.peak_rows = 0
         self.peak_queue = 0
         self.pauses = 0  # forwards paused between two layers for a short prefill
+        self.busy_s = 0.0  # wall seconds spent in forwards (steps and the parts of paused ones)
         self._paused: tuple[_Forward, _Batch] | None = None
 
     # ---- requests ------------------------------------------------------------------------
@@ -256,6 +258,7 @@ class Batcher:
         if forward is None:
             rows = [Row(t, r.cache, r.shared, logits=r._fed + len(t) >= len(r.tokens)) for r, t in batch]
             forward = forward_layers(self.engine.model, rows)
+        begin = time.perf_counter()
         try:
             logits = self._run(forward, batch, pausable and any(len(t) > 1 for _, t in batch))
         except Exception as exc:  # every request of the step gets the error; the loop goes on
@@ -265,6 +268,8 @@ class Batcher:
             for r in finished:
                 r._finish(exc)
             return finished
+        finally:
+            self.busy_s += time.perf_counter() - begin
         if logits is None:
             return []
         finished = []

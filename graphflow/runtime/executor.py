@@ -28,13 +28,14 @@ from graphflow.kv.events import ReplicaInfo, TemplateEvent, TemplateHolding
 from graphflow.runtime.cluster_api import Cluster
 from graphflow.runtime.errors import Unavailable
 from graphflow.runtime.failures import ALL_LOST, Failures
+from graphflow.runtime.in_flight import InFlight, prefix_key
 from graphflow.runtime.order import levels, next_use
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult, TemplateRef
 from graphflow.runtime.run_state import Flight, RunState
 from graphflow.runtime.trace import MATERIALIZE, NodeTrace, RunResult, node_trace
 from graphflow.workflow.compile import ROOT, ExecGraph, node_context, node_path
 from scheduler.cost import LinkMatrix, LinkSpec
-from scheduler.decode import decode_s, send_delay_s
+from scheduler.decode import decode_s, send_delay_s, shared_tokens
 from scheduler.policy import (
     Decision,
     Option,
@@ -43,6 +44,7 @@ from scheduler.policy import (
     ResidualCopy,
     StateRequest,
     place,
+    prefill_work_s,
     recompute,
 )
 from transport.base import transfer_ids
@@ -82,6 +84,7 @@ class WorkflowExecutor:
         self._cache: dict[str, list[int]] = {}
         self._info: dict[str, ReplicaInfo] = {}
         self.failures = Failures(cluster)
+        self.in_flight = InFlight()  # every run's nodes in flight: the load placement prices
 
     def run(
         self,
@@ -111,6 +114,7 @@ class WorkflowExecutor:
         try:
             return self._run(gs, task_ids, run_id, reuse, on_node, pin, force, transfers)
         finally:
+            self.in_flight.end_run(run_id)
             self._end_run(run_id)
 
     def _run(
@@ -180,6 +184,9 @@ class WorkflowExecutor:
                     self.failures.lose(r)
             return  # decided again on the replicas that are left
         st.started(Flight(nid, d, handles, t0, time.perf_counter() - t0), ctx, plan.transfer_id)
+        self.in_flight.add(
+            st.run_id, nid, d.replica, prefix_key(ctx, shared_tokens(d)), len(ctx), prefill_work_s(d, self.policy)
+        )
 
     def _choose(
         self,
@@ -196,8 +203,7 @@ class WorkflowExecutor:
             where = pinned or min(c.replicas, key=lambda r: st.load[r])
             return recompute(where, len(ctx), self.bpt, self.policy, st.retry[nid], fallback=st.retry[nid])
         if st.reuse:
-            load, work = st.load, st.work_s(self.policy)
-            return self._decide(ctx, tmpl, load, work, pinned, st.force, st.transfers, arriving)
+            return self._decide(ctx, tmpl, pinned, st.force, st.transfers, arriving)
         where = pinned or c.replicas[next(st.turn) % len(c.replicas)]
         return recompute(where, len(ctx), self.bpt, self.policy, "reuse off")
 
@@ -207,6 +213,7 @@ class WorkflowExecutor:
         c = self.cluster
         flight = st.landed(done)
         nid, d = flight.node, flight.decision
+        self.in_flight.remove(st.run_id, nid)
         try:
             res: NodeResult = c.get(done)
         except Exception as exc:
@@ -225,8 +232,6 @@ class WorkflowExecutor:
         self,
         ctx: list[int],
         tmpl: TemplateRef,
-        load: dict[str, int],
-        work: dict[str, float],
         pinned: str = "",
         force: Option | None = None,
         transfers: bool = True,
@@ -265,29 +270,23 @@ class WorkflowExecutor:
                     residual=self._residual(held.get(r), len(ctx), tmpl),
                 )
             )
-        # NOTE: the replicas count every client's nodes; this run's own launches may not have arrived yet
+        # NOTE: the replicas count every client's nodes; this client's own launches may not have arrived
+        # yet, and what those prefill and read is known here (every run's nodes, each shared prefix once)
         reported = self.cluster.queue_lengths()
-        rows = {r: max(n, reported.get(r, 0)) for r, n in load.items()}
-        queue = self._queue_s(len(ctx), rows, load, work)
+        replicas = list(self.cluster.replicas)
+        queue = self.in_flight.queue_s(replicas, reported, self.policy.prefill(len(ctx)))
         decode = self.policy.decode
         if decode is None:
             return place(requests, queue, self.policy, force)
-        added = {r: decode_s(decode, r, rows, self.decode_steps, len(ctx)) for r in rows}
-        extra = lambda d: added[d.replica] + send_delay_s(d, rows, self.bpt, self.links)  # noqa: E731
+        batches = self.in_flight.batches(replicas, reported, len(ctx))
+        busy = {r: b.rows for r, b in batches.items()}
+
+        def extra(d: Decision) -> float:
+            prefix = prefix_key(ctx, shared_tokens(d))
+            added = decode_s(decode, d.replica, batches, self.decode_steps, len(ctx), prefix)
+            return added + send_delay_s(d, busy, self.bpt, self.links)
+
         return place(requests, queue, self.policy, force, extra)
-
-    def _queue_s(
-        self, tokens: int, rows: dict[str, int], load: dict[str, int], work: dict[str, float]
-    ) -> dict[str, float]:
-        """Seconds of prefill ahead of a new node on each replica.
-
-        This run's nodes in flight there are charged the prefill they were decided to take: a
-        replica's engine loop runs their decodes in the steps it runs anyway, one row each (what
-        a row more costs there is the policy's decode term, :mod:`scheduler.decode`), while a
-        queued prefill takes its own steps. Other clients' nodes (``rows`` beyond this run's
-        ``load``) are of unknown size and are charged a prefill of this node's whole context each."""
-        full = self.policy.prefill(tokens)
-        return {r: work[r] + (rows[r] - n) * full for r, n in load.items()}
 
     @staticmethod
     def _arriving(ctx: list[int], transferring: Mapping[str, tuple[int, ...]]) -> dict[str, int]:

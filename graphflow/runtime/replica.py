@@ -460,6 +460,7 @@ class ReplicaWorker:
             shared_prefix_copies=self._prefixes.built,
             protected_states=len(self._held.needed_now()),
             cpu_s=time.process_time(),
+            engine_busy_s=loop.busy_s if loop else 0.0,
             templates=self.templates.summary() if self.templates else TemplateStats(),
             routes=tuple(Route(peer, via) for peer, via in self.transport.routes().items()),
         )

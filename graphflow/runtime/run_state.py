@@ -16,7 +16,7 @@ from typing import Any
 
 from graphflow.runtime.plan import NodeResult
 from graphflow.runtime.trace import NodeTrace, RunResult
-from scheduler.policy import Decision, Option, Policy, prefill_work_s
+from scheduler.policy import Decision, Option
 
 __all__ = ["Flight", "RunState"]
 
@@ -68,13 +68,6 @@ class RunState:
     def launched(self) -> set[str]:
         """Nodes with an attempt in flight."""
         return {f.node for f in self.in_flight.values()}
-
-    def work_s(self, policy: Policy) -> dict[str, float]:
-        """Per replica, the prefill seconds this run's nodes in flight there were decided to take."""
-        work = dict.fromkeys(self.load, 0.0)
-        for f in self.in_flight.values():
-            work[f.decision.replica] += prefill_work_s(f.decision, policy)
-        return work
 
     def started(self, flight: Flight, ctx: Sequence[int], transfer_id: int) -> None:
         """``flight`` was launched (for a transfer, ``transfer_id`` brings ``ctx``'s prefix)."""

@@ -71,6 +71,7 @@ class ReplicaStats:
     shared_prefix_copies: int
     protected_states: int  # kept states a ready node of a running workflow needs (not evictable)
     cpu_s: float = 0.0  # CPU seconds of the replica's process since it started, all its threads
+    engine_busy_s: float = 0.0  # wall seconds the engine loop has spent in forwards
     templates: TemplateStats = field(default_factory=TemplateStats)
     prefix: PrefixHits = field(default_factory=PrefixHits)
     routes: tuple[Route, ...] = ()  # the peers this replica has connected to, and how

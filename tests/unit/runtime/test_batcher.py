@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -27,10 +28,12 @@ def drain(batcher, limit=500):
 def test_rows_of_different_lengths_each_get_their_tokens_alone(tiny_engine):
     b = Batcher(tiny_engine, max_batch_tokens=24, max_rows=4)
     prompts = [prompt_token_ids(tiny_engine.tokenizer, n) for n in (70, 9, 33)]
+    begin = time.perf_counter()
     reqs = [b.submit(p, max_new=n) for p, n in zip(prompts, (5, 8, 1), strict=True)]
     drain(b)
     assert [r.result() for r in reqs] == [alone(tiny_engine, p, n) for p, n in zip(prompts, (5, 8, 1), strict=True)]
     assert b.peak_rows >= 2 and b.rows_run > b.steps  # rows shared steps
+    assert 0 < b.busy_s < time.perf_counter() - begin  # the forwards are timed
 
 
 def test_requests_join_mid_batch_and_finished_ones_leave_without_disturbing_others(tiny_engine):

@@ -249,3 +249,22 @@ def test_the_decode_term_keeps_branches_on_a_busy_replica_or_spreads_them(cluste
     got = ex.run(compile_workflow(fan_out_workflow(4)), ids, f"t-decode-{spread}", pin={"ROOT": "replica-0"})
     branches = {t.replica for t in got.nodes if t.node.startswith("b")}
     assert branches == ({"replica-0", "replica-1"} if spread else {"replica-0"})
+
+
+def test_a_branch_follows_its_sibling_to_where_their_prefix_is_read(cluster):
+    w0 = cluster.workers["replica-0"]
+    ids = w0.encode("(siblings) " + TASK * 2)
+    # any rows cost the same; each 100 KV tokens a step reads cost a second more
+    steps = DecodeModel((1, 2), (100, 200), ((1.0, 1.0), (2.0, 2.0)), 1.0)
+    pol = Policy(PrefillModel(0.0, 1e-2, 0.0), decode=steps)  # prefill dear, the link fast
+    ex = WorkflowExecutor(cluster, pol, LinkSpec("local", 1e12, 1e-5), w0.kv_bytes_per_token(), w0.model_key(), 6)
+    # replica-0 steps over a shorter context of another run
+    ex.in_flight.add("another-run", "x", "replica-0", None, len(ids) // 2, 0.0)
+    got = ex.run(compile_workflow(fan_out_workflow(2)), ids, "t-siblings", pin={"ROOT": "replica-0"})
+    branches = sorted((t.replica, t.decision) for t in got.nodes if t.node.startswith("b"))
+    # the first moves the root off the busy replica; the second reads it there too: on replica-0 it
+    # would read less in all, but one prefix more
+    assert branches == [("replica-1", "reuse"), ("replica-1", "transfer")], branches
+    batches = ex.in_flight.batches(["replica-0", "replica-1"], {}, 1)
+    assert batches["replica-0"].rows == 1 and batches["replica-1"].rows == 0  # the run's nodes are done
+    ex.in_flight.end_run("another-run")

@@ -4,7 +4,7 @@ import pytest
 
 from scheduler.calibrate import fit_decode
 from scheduler.cost import DecodeModel, LinkMatrix, LinkSpec, PrefillModel, t_transfer
-from scheduler.decode import decode_s, send_delay_s
+from scheduler.decode import Batch, decode_s, send_delay_s, shared_tokens
 from scheduler.policy import Option, Policy, RemoteCopy, StateRequest, decide, place
 
 # a step: 0.1 s for 1 or 2 rows, 0.2 s for 4, at 1,000 context tokens; twice that at 3,000
@@ -47,23 +47,51 @@ def test_fit_takes_medians_and_never_lets_more_rows_cost_less():
         fit_decode([(1, 100, 0.1), (4, 100, 0.2), (1, 900, 0.2), (1, 900, 0.2)])
 
 
+ROOT = ("root", 992)  # a stored prefix's key and tokens
+
+
 def test_a_row_more_on_a_busy_replica_is_priced_against_a_replica_of_its_own():
-    rows = {"a": 1, "b": 0}
-    # on a: its own steps at 2 rows (no other replica busy), the batch there waits nothing more
-    assert decode_s(STEPS, "a", rows, 10, 1000) == pytest.approx(10 * 0.1)
+    busy = {"a": Batch(1, 1000, frozenset({"root"})), "b": Batch()}
+    # on a, continuing the prefix a's row reads: its own steps at 2 rows over 1,008 tokens (no
+    # other replica busy), 0.1004 s, and the batch there waits only for its 8 tokens more a step
+    assert decode_s(STEPS, "a", busy, 10, 1000, ROOT) == pytest.approx(10 * (0.1004 + 0.0004))
     # on b: its steps slowed by a's, and a's batch slowed by b's
-    assert decode_s(STEPS, "b", rows, 10, 1000) == pytest.approx(10 * (0.1 * 1.2 + 0.1 * 0.2))
-    # a third row on a costs: its steps at 3 rows, and the two there wait 0.05 s a step
-    assert decode_s(STEPS, "a", {"a": 2, "b": 0}, 10, 1000) == pytest.approx(10 * (0.15 + 0.05))
-    with pytest.raises(ValueError, match="no row count"):
-        decode_s(STEPS, "c", rows, 10, 1000)
+    assert decode_s(STEPS, "b", busy, 10, 1000, ROOT) == pytest.approx(10 * (0.1 * 1.2 + 0.1 * 0.2))
+    # a third row on a costs: its steps at 3 rows, and the two there wait about 0.05 s a step
+    two = {"a": Batch(2, 1000, frozenset({"root"})), "b": Batch()}
+    assert decode_s(STEPS, "a", two, 10, 1000, ROOT) == pytest.approx(10 * (0.1506 + 0.0506))
+    with pytest.raises(ValueError, match="no batch"):
+        decode_s(STEPS, "c", busy, 10, 1000)
+    with pytest.raises(ValueError, match="does not fit"):
+        decode_s(STEPS, "a", busy, 10, 1000, ("root", 2000))
+
+
+def test_a_row_over_a_prefix_no_row_there_reads_adds_its_whole_context():
+    busy = {"a": Batch(1, 1000, frozenset({"other"})), "b": Batch()}
+    # a's step now reads 2,000 tokens: 0.15 s at 2 rows, and a's row waits 0.05 s more a step
+    assert decode_s(STEPS, "a", busy, 10, 1000, ROOT) == pytest.approx(10 * (0.15 + 0.05))
+    assert decode_s(STEPS, "a", busy, 10, 1000, None) == pytest.approx(10 * (0.15 + 0.05))
+    # so the sibling of a's row goes where that row's prefix is read already
+    sibling = {"a": Batch(4, 4000, frozenset({"p", "q", "r", "s"})), "b": Batch(1, 1000, frozenset({"root"}))}
+    assert decode_s(STEPS, "b", sibling, 10, 1000, ROOT) < decode_s(STEPS, "a", sibling, 10, 1000, ROOT)
 
 
 def test_contention_is_shared_over_the_other_replicas():
-    rows = {"a": 1, "b": 0, "c": 1}
+    rows = {"a": Batch(1, 1000), "b": Batch(), "c": Batch(1, 1000)}
     # b idle, a and c busy: each of b's steps is slowed by 0.1 per busy other; each busy other by 0.1
     assert decode_s(STEPS, "b", rows, 1, 1000) == pytest.approx(0.1 * 1.2 + 2 * 0.1 * 0.1)
-    assert decode_s(STEPS, "solo", {"solo": 0}, 4, 1000) == pytest.approx(0.4)
+    assert decode_s(STEPS, "solo", {"solo": Batch()}, 4, 1000) == pytest.approx(0.4)
+
+
+def test_shared_tokens_are_what_the_node_continues_from_stored_blocks():
+    pol = Policy(PrefillModel(0.0, 1.0, 0.0))
+    reuse = decide(StateRequest("a", 1000, 100, local_tokens=992), pol)
+    moved = decide(StateRequest("b", 1000, 100, remote=(RemoteCopy("a", 992, LinkSpec("x", 1e9, 0.0), "addr"),)), pol)
+    fresh = decide(StateRequest("c", 1000, 100), pol)
+    assert (reuse.option, moved.option, fresh.option) == (Option.REUSE, Option.TRANSFER, Option.RECOMPUTE)
+    assert [shared_tokens(d) for d in (reuse, moved, fresh)] == [992, 992, 0]
+    with pytest.raises(ValueError, match="non-negative"):
+        Batch(-1, 0)
 
 
 def test_a_send_holds_up_a_busy_source_only():
