@@ -253,16 +253,18 @@ class ReplicaWorker:
     def materialize(self, state_id: str, tokens: Sequence[int]) -> MaterializeResult:
         """Prefill ``tokens`` once and store them as ``state_id`` (the task context root); the
         leading blocks this replica already holds (a context computed upstream, or submitted
-        again) are reused, not prefilled.
+        again) are reused, not prefilled; a context held whole runs no forward at all.
 
         Returns the seconds it took and the events for the manager: states evicted to make
         room, then the admit (none when the state is larger than the whole store)."""
         ids = list(tokens)
         self._check_length(len(ids))
         begin = time.perf_counter()
-        local, evicted = self.kept.local_prefix(ids, len(ids))
+        local, evicted = self.kept.local_prefix(ids, len(ids), leave=0)
         cached = len(local) * self.config.block_tokens
-        if self.batcher is not None and local:
+        if cached == len(ids):  # held whole (computed upstream, or submitted again): nothing to run
+            blocks = local
+        elif self.batcher is not None and local:
             shared = self._prefixes.acquire(local)
             try:
                 req = self.batcher.submit(ids[cached:], None, shared, 1)

@@ -87,14 +87,15 @@ class ReplicaStore:
         evict_state(self.store, state_id)
         return EvictEvent(self.replica, freed, state_id)
 
-    def local_prefix(self, ids: list[int], limit: int) -> tuple[list[KVBlock], list[EvictEvent]]:
-        """Leading full blocks of ``ids[:limit]`` this store holds, leaving ≥ 1 token to prefill.
+    def local_prefix(self, ids: list[int], limit: int, leave: int = 1) -> tuple[list[KVBlock], list[EvictEvent]]:
+        """Leading full blocks of ``ids[:limit]`` this store holds, leaving ≥ ``leave`` tokens
+        to prefill (a node needs its last token's logits; a materialized state needs none).
 
         Each block's checksum is verified before reuse; a corrupt block is never reused: the
         states holding it are dropped (reported as evictions) and its tokens are recomputed.
         States whose blocks are reused count a hit and are touched (eviction inputs)."""
         bt = self.block_tokens
-        usable = min(len(ids) - 1, limit) // bt * bt
+        usable = min(len(ids) - leave, limit) // bt * bt
         keys = chain_keys(ids[:usable], self.model_key, bt)
         out: list[KVBlock] = []
         with self.lock:

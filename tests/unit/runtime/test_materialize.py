@@ -1,0 +1,49 @@
+"""A replica materializes a context by reusing what its store holds and prefilling the rest;
+a context it holds whole runs no forward at all (no Ray)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from graphflow.runtime.replica import ReplicaWorker
+from graphflow.runtime.replica_config import ReplicaConfig
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def worker() -> Iterator[ReplicaWorker]:
+    w = ReplicaWorker(ReplicaConfig(f"mat-{next(_names)}", "tiny-llama", 1 << 24, transport="local"))
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def _context(w: ReplicaWorker, n: int) -> list[int]:
+    ids = w.encode("The context an upstream step computed: " + "a b c d e f g h. " * 20)[:n]
+    assert len(ids) == n
+    return ids
+
+
+def test_a_context_held_whole_is_kept_again_without_a_forward(worker: ReplicaWorker) -> None:
+    ids = _context(worker, 64)  # four whole blocks
+    first = worker.materialize("upstream:ROOT", ids)
+    steps, used = worker.stats().engine_steps, worker.stats().used_bytes
+    again = worker.materialize("run:ROOT", ids)
+    assert (first.reused, again.reused) == (0, 64)
+    assert again.kept and worker.stats().states == 2
+    assert worker.stats().engine_steps == steps  # nothing was run
+    assert worker.stats().used_bytes == used  # the second state shares the first one's blocks
+
+
+def test_a_context_held_in_part_prefills_only_its_tail(worker: ReplicaWorker) -> None:
+    ids = _context(worker, 70)
+    worker.materialize("upstream:ROOT", ids[:64])
+    steps = worker.stats().engine_steps
+    got = worker.materialize("run:ROOT", ids)
+    assert got.reused == 64 and got.kept
+    assert worker.stats().engine_steps == steps + 1  # one step over the six tokens left
