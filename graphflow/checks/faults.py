@@ -37,9 +37,10 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from graphflow.checks.fault_report import NODE_SCENARIOS, SCENARIOS, FaultReport, ScenarioResult
 from graphflow.client import calibrate_cluster
 from graphflow.runtime.actors import NAMESPACE, RayCluster, replica_name
 from graphflow.runtime.deployment import Deployment
@@ -51,18 +52,7 @@ from graphflow.workflow.corpus import Workflow, WorkflowNode, functional_role, l
 from scheduler.cost import LinkMatrix, LinkSpec, PrefillModel
 from scheduler.policy import Policy
 
-__all__ = ["SCENARIOS", "FaultReport", "ScenarioResult", "run_faults"]
-
-SCENARIOS = (
-    "replica-dies",
-    "transfer-fails",
-    "corrupt-bytes",
-    "manager-restart",
-    "memory-pressure",
-    "load",
-    "bad-input",
-)
-NODE_SCENARIOS = ("node-dies",)  # with --nodes
+__all__ = ["run_faults"]
 
 _TASKS = (
     "A tank holds 40 litres and leaks 3 litres an hour. How much is left after 7 hours? ",
@@ -70,41 +60,6 @@ _TASKS = (
     "A train covers 180 km in 3 hours. At that speed, how far does it go in 5 hours? ",
     "There are 24 apples shared equally by 6 children. Each eats 1. How many are left each? ",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ScenarioResult:
-    name: str
-    completed: bool
-    outputs_correct: bool
-    detail: str
-    lost_requests: int = 0
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return self.completed and self.outputs_correct
-
-
-@dataclass(frozen=True, slots=True)
-class FaultReport:
-    rows: tuple[ScenarioResult, ...]
-
-    @property
-    def passed(self) -> int:
-        return sum(r.passed for r in self.rows)
-
-    @property
-    def lost_requests(self) -> int:
-        return sum(r.lost_requests for r in self.rows)
-
-    @property
-    def ok(self) -> bool:
-        return self.passed == len(self.rows) and not self.lost_requests
-
-    def to_json(self) -> dict[str, Any]:
-        rows = [asdict(r) for r in self.rows]
-        return {"rows": rows, "scenarios": len(rows), "passed": self.passed, "lost_requests": self.lost_requests}
 
 
 class FaultSuite:

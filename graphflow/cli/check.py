@@ -103,7 +103,8 @@ def check_faults(
     """Fault injection on a local Ray cluster: replica death, failed and corrupt transfers,
     manager restart, memory pressure, load and bad input, and with --nodes a node's death
     (see graphflow/checks/faults.py)."""
-    from graphflow.checks.faults import NODE_SCENARIOS, SCENARIOS, run_faults
+    from graphflow.checks.fault_report import NODE_SCENARIOS, SCENARIOS
+    from graphflow.checks.faults import run_faults
     from graphflow.models.registry import resolve
 
     resolve(model)

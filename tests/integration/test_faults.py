@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from graphflow.checks.faults import SCENARIOS
+from graphflow.checks.fault_report import SCENARIOS
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

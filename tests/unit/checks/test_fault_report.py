@@ -1,6 +1,6 @@
 import json
 
-from graphflow.checks.faults import FaultReport, ScenarioResult
+from graphflow.checks.fault_report import FaultReport, ScenarioResult
 
 
 def test_a_report_passes_only_when_every_scenario_completed_correctly_and_nothing_was_lost():
