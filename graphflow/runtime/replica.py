@@ -258,6 +258,8 @@ class ReplicaWorker:
         Returns the seconds it took and the events for the manager: states evicted to make
         room, then the admit (none when the state is larger than the whole store)."""
         ids = list(tokens)
+        if not ids:
+            raise ValueError("the task context is empty: give the workflow a task of at least one token")
         self._check_length(len(ids))
         begin = time.perf_counter()
         local, evicted = self.kept.local_prefix(ids, len(ids), leave=0)

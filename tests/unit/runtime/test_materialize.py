@@ -47,3 +47,9 @@ def test_a_context_held_in_part_prefills_only_its_tail(worker: ReplicaWorker) ->
     got = worker.materialize("run:ROOT", ids)
     assert got.reused == 64 and got.kept
     assert worker.stats().engine_steps == steps + 1  # one step over the six tokens left
+
+
+def test_an_empty_context_is_refused(worker: ReplicaWorker) -> None:
+    with pytest.raises(ValueError, match="task context is empty"):
+        worker.materialize("empty:ROOT", [])
+    assert worker.stats().states == 0
