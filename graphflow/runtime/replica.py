@@ -12,12 +12,14 @@ context tokens [0 ── local ── lo ────── hi ─────�
    ─► admits / evictions for the manager, what it can rebuild now, a per-node trace
 ```
 
-The states it keeps live in ``runtime.replica_store``; its prefill and decode (engine loop or
-not, template KV or not) in ``runtime.replica_compute``; what it sends to peers (blocks, link
-probes, the faults ``check faults`` injects) in ``runtime.replica_sends``. Eviction, when a new state does not fit,
-follows ``runtime.kept``: lowest eviction score
-first (hits, bytes freed, age, the running workflows' steps until next use), never a state a
-ready node needs; ``eviction="oldest"`` keeps the old oldest-first order (an ablation).
+This module wires the parts and is the replica's API. The node path (wait for an arriving
+prefix, look up, receive, prefill or rebuild, decode, store) is ``runtime.replica_nodes``; the
+states it keeps live in ``runtime.replica_store``; its prefill and decode (engine loop or not,
+template KV or not) in ``runtime.replica_compute``; what it sends to peers (blocks, link
+probes, the faults ``check faults`` injects) in ``runtime.replica_sends``. Eviction, when a new
+state does not fit, follows ``runtime.kept``: lowest eviction score first (hits, bytes freed,
+age, the running workflows' steps until next use), never a state a ready node needs;
+``eviction="oldest"`` keeps the old oldest-first order (an ablation).
 """
 
 from __future__ import annotations
@@ -29,31 +31,25 @@ from typing import Any
 
 import torch
 
-from graphflow.kv.block import ROOT_KEY, KVBlock, make_blocks_from_layers
 from graphflow.kv.differential.codecs import ResidualCodec
 from graphflow.kv.differential.store import KVMode
 from graphflow.kv.differential.template_kv import TemplateKV, TemplateStats, kv_mode
-from graphflow.kv.exchange import receive_blocks, spec_for_prompt
 from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo
-from graphflow.kv.packing import cache_to_blocks, layer_views
-from graphflow.kv.state import Lineage, Placement
+from graphflow.kv.state import Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
 from graphflow.models.ragged import unsupported
-from graphflow.models.row_cache import RowCache
 from graphflow.models.threads import per_thread_support
-from graphflow.runtime.arrivals import Arrivals
 from graphflow.runtime.batcher import Batcher
 from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates
 from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
 from graphflow.runtime.plan import BATCH_ROWS, MaterializeResult, NodePlan, NodeResult
-from graphflow.runtime.prefixes import SharedPrefixes
 from graphflow.runtime.replica_compute import NodeCompute
 from graphflow.runtime.replica_config import ReplicaConfig
+from graphflow.runtime.replica_nodes import NodeRunner
 from graphflow.runtime.replica_sends import Sends
 from graphflow.runtime.replica_store import ReplicaStore
 from graphflow.runtime.stats import ReplicaStats, Route
-from scheduler.policy import Option
 from transport.base import Transport, TransportConfig
 from transport.memory import host_arena
 
@@ -114,9 +110,10 @@ class ReplicaWorker:
         self.batcher, self.batching_off = self._engine_loop(self.threads if one_parallel else 0)
         if one_parallel and self.batcher is None:  # no loop after all: every thread computes
             torch.set_num_threads(self.threads)
-        self.compute = NodeCompute(self.engine, self.batcher, self.templates, self._lock)
-        self._prefixes = SharedPrefixes(self.engine)
-        self._arrivals = Arrivals()  # prefixes being received here, for nodes that wait for them
+        self.compute = NodeCompute(self.engine, self.batcher, self.templates, self._lock, config.block_tokens)
+        self.nodes = NodeRunner(
+            config, self.engine, self.kept, held, self.compute, self.batcher, self.transport, self._lock
+        )
         self._active = 0  # node calls in this replica now (receiving, queued or running)
 
     def _engine_loop(self, threads: int) -> tuple[Batcher | None, str]:
@@ -151,135 +148,21 @@ class ReplicaWorker:
 
     # ---- node execution ------------------------------------------------------------------
     def run_node(self, plan: NodePlan) -> NodeResult:
-        """Carry out ``plan`` (see the module docstring). Raises ``ValueError`` on a bad request;
-        a transfer that fails raises the transport's error (the executor recomputes)."""
-        if not plan.tokens:
-            raise ValueError("a node needs at least one context token")
-        n_tmpl = plan.template.tokens if plan.template else 0
-        if n_tmpl > len(plan.tokens):
-            raise ValueError(f"the template ({n_tmpl} tokens) must fit in the context ({len(plan.tokens)} tokens)")
-        self._check_length(len(plan.tokens) + plan.decode_steps)
+        """Carry out ``plan`` (:meth:`NodeRunner.run <graphflow.runtime.replica_nodes.NodeRunner.run>`);
+        while it runs it counts in :meth:`queue_length`."""
         with self._lock:
             self._active += 1
         try:
-            return self._run_node(plan, n_tmpl)
+            return self.nodes.run(plan)
         finally:
-            lo, hi = plan.receive
-            if hi > lo:  # NOTE: also when it failed: nodes waiting for these blocks then prefill them
-                self._arrivals.landed(plan.tokens[:hi])
             with self._lock:
                 self._active -= 1
 
-    def _run_node(self, plan: NodePlan, n_tmpl: int) -> NodeResult:
-        start = time.perf_counter()
-        ids = list(plan.tokens)
-        with self._lock:
-            self._held.note_next_use(plan.run_id, plan.next_use)
-        use_cache = plan.keep and plan.option is not Option.RECOMPUTE
-        rebuild_at = len(ids) - n_tmpl if plan.option is Option.RECONSTRUCT else len(ids)
-        notes: list[str] = []
-        if plan.await_tokens and not self._arrivals.wait(ids[: plan.await_tokens], self.config.timeout_s):
-            notes.append(f"the prefix arriving here had not landed after {self.config.timeout_s:.0f} s; prefilled it")
-        local, evicted = self.kept.local_prefix(ids, rebuild_at) if use_cache else ([], [])
-        moved = 0
-        received: list[KVBlock] = []
-        lo, hi = plan.receive
-        marks = [("lookup", time.perf_counter())]
-        if hi > lo:
-            local = local[: lo // self.config.block_tokens]
-            moved, received = self._receive(plan, ids[:hi])
-            marks.append(("receive", time.perf_counter()))
-            if len(local) * self.config.block_tokens < lo:
-                notes.append(f"own prefix shrank to {len(local) * self.config.block_tokens} tokens; prefilled more")
-                received = []
-                self._arrivals.landed(ids[:hi])
-        prefix = local + received
-        cached = len(prefix) * self.config.block_tokens
-        batched = self.batcher is not None and not self.compute.templated(plan, ids, cached)
-        # NOTE: _local_prefix verified every local block, the transport every received one
-        shared = self._prefixes.acquire(prefix) if batched and prefix else None
-        try:
-            if batched:
-                assert self.batcher is not None
-                marks.append(("rebuild", time.perf_counter()))
-                req = self.batcher.submit(ids[cached:], None, shared, max(1, plan.decode_steps))
-                first, rebuilt = req.wait_first(), 0
-            else:
-                cache = self.compute.cache_of(prefix)
-                marks.append(("rebuild", time.perf_counter()))
-                first, cache, rebuilt, why = self.compute.prefill(plan, ids, cached, cache)
-                notes += [why] if why else []
-            ttft = time.perf_counter() - start
-            marks.append(("prefill", start + ttft))
-            if received and len(local) * self.config.block_tokens == lo:  # after the first token: off its path
-                try:
-                    evicted += self._keep_received(plan, ids[:hi], local + received)
-                finally:
-                    self._arrivals.landed(ids[:hi])
-                marks.append(("keep_received", time.perf_counter()))
-            if batched:
-                output, cache = req.result(), req.cache
-            else:
-                output = [first, *self.compute.decode(cache, first, plan.decode_steps - 1)]
-        finally:
-            if shared is not None:
-                self._prefixes.release(prefix)
-        marks.append(("decode", time.perf_counter()))
-        # a rebuilt template is approximate: never offer it to later nodes as an exact prefix
-        keep = plan.keep and not rebuilt
-        admit, more = self._keep(plan, ids + output[:-1], cache, prefix if shared else []) if keep else (None, [])
-        evicted += more
-        marks.append(("keep", time.perf_counter()))
-        transferred = len(received) * self.config.block_tokens
-        return NodeResult(
-            state_id=plan.state_id,
-            replica=self.config.name,
-            output_ids=tuple(output),
-            text=self.decode_text(output),
-            reused_tokens=cached - transferred,
-            transferred_tokens=transferred,
-            prefill_tokens=len(ids) - cached - rebuilt,
-            bytes_moved=moved,
-            ttft_s=ttft,
-            total_s=time.perf_counter() - start,
-            admit=admit,
-            evicted=tuple(evicted),
-            rebuilt_tokens=rebuilt,
-            templates=self.templates.holdings() if self.templates else (),
-            note="; ".join(notes),
-            phases=tuple((name, t - prev) for (_, prev), (name, t) in zip([("", start), *marks], marks, strict=False)),
-        )
-
     def materialize(self, state_id: str, tokens: Sequence[int]) -> MaterializeResult:
-        """Prefill ``tokens`` once and store them as ``state_id`` (the task context root); the
-        leading blocks this replica already holds (a context computed upstream, or submitted
-        again) are reused, not prefilled; a context held whole runs no forward at all.
-
-        Returns the seconds it took and the events for the manager: states evicted to make
-        room, then the admit (none when the state is larger than the whole store)."""
-        ids = list(tokens)
-        if not ids:
-            raise ValueError("the task context is empty: give the workflow a task of at least one token")
-        self._check_length(len(ids))
-        begin = time.perf_counter()
-        local, evicted = self.kept.local_prefix(ids, len(ids), leave=0)
-        cached = len(local) * self.config.block_tokens
-        if cached == len(ids):  # held whole (computed upstream, or submitted again): nothing to run
-            blocks = local
-        elif self.batcher is not None and local:
-            shared = self._prefixes.acquire(local)
-            try:
-                req = self.batcher.submit(ids[cached:], None, shared, 1)
-                req.result()
-            finally:
-                self._prefixes.release(local)
-            blocks = self._cut(ids, req.cache, local)
-        else:
-            blocks = self._cut(ids, self.compute.forward(ids[cached:], self.compute.cache_of(local))[1], [])
-        admit, more = self.kept.store_state(blocks, Lineage("materialize"), state_id, ids)
-        seconds = time.perf_counter() - begin
-        events: tuple[AdmitEvent | EvictEvent, ...] = (*evicted, *more, *([admit] if admit else []))
-        return MaterializeResult(self.config.name, len(ids), seconds, admit is not None, events, reused=cached)
+        """Store ``tokens`` once as ``state_id`` (the task context root), prefilling only what
+        this replica does not hold (:meth:`NodeRunner.materialize
+        <graphflow.runtime.replica_nodes.NodeRunner.materialize>`)."""
+        return self.nodes.materialize(state_id, tokens)
 
     def prefill_seconds(self, lengths: Sequence[int], repeats: int = 2) -> list[tuple[int, float]]:
         """Measured prefill times (the fastest of ``repeats``, after one warm-up) for calibration,
@@ -312,59 +195,10 @@ class ReplicaWorker:
 
     def max_positions(self) -> int:
         """The longest context this replica's model accepts (0: no stated limit)."""
-        return int(getattr(self.engine.config, "max_position_embeddings", 0) or 0)
-
-    def _check_length(self, n: int) -> None:
-        limit = self.max_positions()
-        if limit and n > limit:
-            raise ValueError(
-                f"the context needs {n} positions but {self.config.model} accepts at most {limit}; "
-                "shorten the task or its workflow's outputs"
-            )
+        return self.nodes.max_positions()
 
     def kv_bytes_per_token(self) -> int:
         return self.engine.kv_bytes_per_token()
-
-    # ---- storing and evicting ------------------------------------------------------------
-    def _keep(
-        self, plan: NodePlan, state_tokens: list[int], cache: Any, prefix: list[KVBlock]
-    ) -> tuple[AdmitEvent | None, list[EvictEvent]]:
-        """Store the node's whole state (KV for every token but the last output) for reuse:
-        ``prefix`` (stored blocks the node continued; ``cache`` then holds only what follows)
-        plus the blocks cut from ``cache``."""
-        return self.kept.store_state(
-            self._cut(state_tokens, cache, prefix), Lineage("node", plan.parents), plan.state_id, state_tokens
-        )
-
-    def _cut(self, state_tokens: list[int], cache: Any, prefix: list[KVBlock]) -> list[KVBlock]:
-        """The blocks of ``state_tokens``: ``prefix`` (stored blocks) plus ``cache`` cut into blocks
-        (``cache`` holds the tokens after the prefix, or all of them when there is none)."""
-        bt, model_key = self.config.block_tokens, self.engine.identity.model_key
-        at = len(prefix) * bt
-        if isinstance(cache, RowCache):  # the engine loop's: its buffer becomes the blocks
-            parent = prefix[-1].key if prefix else ROOT_KEY
-            return prefix + cache.into_blocks(state_tokens[at:], at, parent, model_key, bt)
-        if not prefix:
-            return cache_to_blocks(cache, state_tokens, self.engine.identity, bt)
-        tail = make_blocks_from_layers(prefix[-1].key, state_tokens[at:], at, layer_views(cache), model_key, bt)
-        return prefix + tail
-
-    # ---- transfers -----------------------------------------------------------------------
-    def _receive(self, plan: NodePlan, ids: list[int]) -> tuple[int, list[KVBlock]]:
-        """Receive the blocks of ``ids[lo:]`` (full blocks only; ``lo`` from the plan) from the
-        plan's source; returns the bytes received and the blocks."""
-        bt, lo = self.config.block_tokens, plan.receive[0]
-        n = len(ids) // bt * bt
-        spec = spec_for_prompt(self.engine.identity, ids[:n], bt, plan.source_address, plan.transfer_id, lo)
-        received, stats = receive_blocks(self.transport, spec)
-        return stats.nbytes, received
-
-    def _keep_received(self, plan: NodePlan, ids: list[int], blocks: list[KVBlock]) -> list[EvictEvent]:
-        """Keep the own prefix + received blocks as a state of their own when they fit (they
-        were used for the node either way); returns the evictions that made room."""
-        n = len(blocks) * self.config.block_tokens
-        _, evicted = self.kept.store_state(blocks, Lineage("transfer"), f"{plan.state_id}:transfer", ids[:n])
-        return evicted
 
     def cancel_receive(self, transfer_id: int, why: str) -> None:
         """The sender of ``transfer_id`` failed: the node waiting for its blocks stops waiting now
@@ -461,7 +295,7 @@ class ReplicaWorker:
             peak_rows=loop.peak_rows if loop else 0,
             engine_pauses=loop.pauses if loop else 0,
             queue=self.queue_length(),
-            shared_prefix_copies=self._prefixes.built,
+            shared_prefix_copies=self.nodes.prefixes.built,
             protected_states=len(self._held.needed_now()),
             cpu_s=time.process_time(),
             engine_busy_s=loop.busy_s if loop else 0.0,

@@ -1,6 +1,7 @@
 """How a replica computes a node's tokens: through its engine loop when there is one, else on
 the calling thread; with a template in a non-exact KV mode, through the template KV (rebuilt
-from base + residual when the plan says RECONSTRUCT, else computed exactly and learned from).
+from base + residual when the plan says RECONSTRUCT, else computed exactly and learned from);
+and how what it computed becomes blocks to store (:meth:`NodeCompute.blocks_of`).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from typing import Any
 
 import torch
 
-from graphflow.kv.block import KVBlock
+from graphflow.kv.block import ROOT_KEY, KVBlock, make_blocks_from_layers
 from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.differential.template_kv import TemplateKV
-from graphflow.kv.packing import blocks_to_cache
+from graphflow.kv.packing import blocks_to_cache, cache_to_blocks, layer_views
 from graphflow.models.engine import Engine
+from graphflow.models.row_cache import RowCache
 from graphflow.runtime.batcher import Batcher
 from graphflow.runtime.plan import NodePlan
 from scheduler.policy import Option
@@ -30,15 +32,22 @@ class NodeCompute:
         batcher: its engine loop (``None``: batching off, each call computes on its thread).
         templates: its template KV (``None`` in the exact mode).
         lock: the replica's store lock, held around the shared template store.
+        block_tokens: tokens per stored block.
     """
 
     def __init__(
-        self, engine: Engine, batcher: Batcher | None, templates: TemplateKV | None, lock: threading.RLock
+        self,
+        engine: Engine,
+        batcher: Batcher | None,
+        templates: TemplateKV | None,
+        lock: threading.RLock,
+        block_tokens: int,
     ) -> None:
         self.engine = engine
         self.batcher = batcher
         self.templates = templates
         self.lock = lock
+        self.block_tokens = block_tokens
 
     def cache_of(self, blocks: list[KVBlock]) -> Any:
         """A private cache holding ``blocks`` (verified already), or ``None`` for no blocks."""
@@ -96,3 +105,16 @@ class NodeCompute:
         with self.lock:
             self.templates.learn(key, full, start, tmpl.tokens)
         return first, full, 0, note
+
+    def blocks_of(self, state_tokens: list[int], cache: Any, prefix: list[KVBlock]) -> list[KVBlock]:
+        """The blocks of ``state_tokens``: ``prefix`` (stored blocks) plus ``cache`` cut into blocks
+        (``cache`` holds the tokens after the prefix, or all of them when there is none)."""
+        bt, model_key = self.block_tokens, self.engine.identity.model_key
+        at = len(prefix) * bt
+        if isinstance(cache, RowCache):  # the engine loop's: its buffer becomes the blocks
+            parent = prefix[-1].key if prefix else ROOT_KEY
+            return prefix + cache.into_blocks(state_tokens[at:], at, parent, model_key, bt)
+        if not prefix:
+            return cache_to_blocks(cache, state_tokens, self.engine.identity, bt)
+        tail = make_blocks_from_layers(prefix[-1].key, state_tokens[at:], at, layer_views(cache), model_key, bt)
+        return prefix + tail

@@ -1,0 +1,249 @@
+"""How a replica carries out a node's plan and materializes a task context.
+
+:meth:`NodeRunner.run` follows the executor's :class:`~graphflow.runtime.plan.NodePlan` along
+the context (the picture in ``runtime.replica``): it waits for a prefix another node is
+receiving here, looks up the blocks its own store holds, receives the planned range from the
+source replica, prefills the rest (or rebuilds a template), decodes greedily and stores the
+whole state, sharing the blocks it continued instead of copying them. What it computes goes
+through ``runtime.replica_compute``; what it keeps, through ``runtime.replica_store``.
+:meth:`NodeRunner.materialize` stores a task context once, running no forward for the part
+already held.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from graphflow.kv.block import KVBlock
+from graphflow.kv.exchange import receive_blocks, spec_for_prompt
+from graphflow.kv.manager import AdmitEvent, EvictEvent
+from graphflow.kv.state import Lineage
+from graphflow.models.engine import Engine
+from graphflow.runtime.arrivals import Arrivals
+from graphflow.runtime.batcher import Batcher
+from graphflow.runtime.kept import KeptStates
+from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
+from graphflow.runtime.prefixes import SharedPrefixes
+from graphflow.runtime.replica_compute import NodeCompute
+from graphflow.runtime.replica_config import ReplicaConfig
+from graphflow.runtime.replica_store import ReplicaStore
+from scheduler.policy import Option
+from transport.base import Transport
+
+__all__ = ["NodeRunner"]
+
+
+class NodeRunner:
+    """The node path of one replica.
+
+    Args:
+        config: the replica's configuration (name, block size, timeouts, model name).
+        engine: its model.
+        kept: its stored states.
+        held: the eviction table they follow (which states ready nodes need next).
+        compute: its prefill and decode (engine loop or not).
+        batcher: its engine loop (``None``: batching off).
+        transport: where planned ranges are received from.
+        lock: the replica's store lock.
+    """
+
+    def __init__(
+        self,
+        config: ReplicaConfig,
+        engine: Engine,
+        kept: ReplicaStore,
+        held: KeptStates,
+        compute: NodeCompute,
+        batcher: Batcher | None,
+        transport: Transport,
+        lock: threading.RLock,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.kept = kept
+        self.held = held
+        self.compute = compute
+        self.batcher = batcher
+        self.transport = transport
+        self._lock = lock
+        self.prefixes = SharedPrefixes(engine)  # shared prefixes the engine loop reads, built once each
+        self._arrivals = Arrivals()  # prefixes being received here, for nodes that wait for them
+
+    def run(self, plan: NodePlan) -> NodeResult:
+        """Carry out ``plan`` (see the module docstring). Raises ``ValueError`` on a bad request;
+        a transfer that fails raises the transport's error (the executor recomputes)."""
+        if not plan.tokens:
+            raise ValueError("a node needs at least one context token")
+        n_tmpl = plan.template.tokens if plan.template else 0
+        if n_tmpl > len(plan.tokens):
+            raise ValueError(f"the template ({n_tmpl} tokens) must fit in the context ({len(plan.tokens)} tokens)")
+        self._check_length(len(plan.tokens) + plan.decode_steps)
+        try:
+            return self._run(plan, n_tmpl)
+        finally:
+            lo, hi = plan.receive
+            if hi > lo:  # NOTE: also when it failed: nodes waiting for these blocks then prefill them
+                self._arrivals.landed(plan.tokens[:hi])
+
+    def _run(self, plan: NodePlan, n_tmpl: int) -> NodeResult:
+        start = time.perf_counter()
+        ids = list(plan.tokens)
+        with self._lock:
+            self.held.note_next_use(plan.run_id, plan.next_use)
+        notes: list[str] = []
+        marks: list[tuple[str, float]] = []
+        local, received, moved, evicted = self._prefix(plan, ids, n_tmpl, notes, marks)
+        lo, hi = plan.receive
+        prefix = local + received
+        cached = len(prefix) * self.config.block_tokens
+        batched = self.batcher is not None and not self.compute.templated(plan, ids, cached)
+        # NOTE: _local_prefix verified every local block, the transport every received one
+        shared = self.prefixes.acquire(prefix) if batched and prefix else None
+        try:
+            if batched:
+                assert self.batcher is not None
+                marks.append(("rebuild", time.perf_counter()))
+                req = self.batcher.submit(ids[cached:], None, shared, max(1, plan.decode_steps))
+                first, rebuilt = req.wait_first(), 0
+            else:
+                cache = self.compute.cache_of(prefix)
+                marks.append(("rebuild", time.perf_counter()))
+                first, cache, rebuilt, why = self.compute.prefill(plan, ids, cached, cache)
+                notes += [why] if why else []
+            ttft = time.perf_counter() - start
+            marks.append(("prefill", start + ttft))
+            if received and len(local) * self.config.block_tokens == lo:  # after the first token: off its path
+                try:
+                    evicted += self._keep_received(plan, ids[:hi], local + received)
+                finally:
+                    self._arrivals.landed(ids[:hi])
+                marks.append(("keep_received", time.perf_counter()))
+            if batched:
+                output, cache = req.result(), req.cache
+            else:
+                output = [first, *self.compute.decode(cache, first, plan.decode_steps - 1)]
+        finally:
+            if shared is not None:
+                self.prefixes.release(prefix)
+        marks.append(("decode", time.perf_counter()))
+        # a rebuilt template is approximate: never offer it to later nodes as an exact prefix
+        keep = plan.keep and not rebuilt
+        admit, more = self._keep(plan, ids + output[:-1], cache, prefix if shared else []) if keep else (None, [])
+        evicted += more
+        marks.append(("keep", time.perf_counter()))
+        transferred = len(received) * self.config.block_tokens
+        return NodeResult(
+            state_id=plan.state_id,
+            replica=self.config.name,
+            output_ids=tuple(output),
+            text=self.engine.tokenizer.decode(list(output)),
+            reused_tokens=cached - transferred,
+            transferred_tokens=transferred,
+            prefill_tokens=len(ids) - cached - rebuilt,
+            bytes_moved=moved,
+            ttft_s=ttft,
+            total_s=time.perf_counter() - start,
+            admit=admit,
+            evicted=tuple(evicted),
+            rebuilt_tokens=rebuilt,
+            templates=self.compute.templates.holdings() if self.compute.templates else (),
+            note="; ".join(notes),
+            phases=tuple((name, t - prev) for (_, prev), (name, t) in zip([("", start), *marks], marks, strict=False)),
+        )
+
+    def _prefix(
+        self, plan: NodePlan, ids: list[int], n_tmpl: int, notes: list[str], marks: list[tuple[str, float]]
+    ) -> tuple[list[KVBlock], list[KVBlock], int, list[EvictEvent]]:
+        """The stored blocks the node continues: its own (looked up, unless it recomputes), then
+        those the plan receives. Returns (own, received, bytes received, evictions the lookup
+        made); appends to ``notes`` what went other than planned and to ``marks`` the phases."""
+        use_cache = plan.keep and plan.option is not Option.RECOMPUTE
+        rebuild_at = len(ids) - n_tmpl if plan.option is Option.RECONSTRUCT else len(ids)
+        if plan.await_tokens and not self._arrivals.wait(ids[: plan.await_tokens], self.config.timeout_s):
+            notes.append(f"the prefix arriving here had not landed after {self.config.timeout_s:.0f} s; prefilled it")
+        local, evicted = self.kept.local_prefix(ids, rebuild_at) if use_cache else ([], [])
+        marks.append(("lookup", time.perf_counter()))
+        lo, hi = plan.receive
+        if hi <= lo:
+            return local, [], 0, evicted
+        bt = self.config.block_tokens
+        local = local[: lo // bt]
+        moved, received = self._receive(plan, ids[:hi])
+        marks.append(("receive", time.perf_counter()))
+        if len(local) * bt < lo:
+            notes.append(f"own prefix shrank to {len(local) * bt} tokens; prefilled more")
+            self._arrivals.landed(ids[:hi])
+            return local, [], moved, evicted
+        return local, received, moved, evicted
+
+    def materialize(self, state_id: str, tokens: Sequence[int]) -> MaterializeResult:
+        """Prefill ``tokens`` once and store them as ``state_id`` (the task context root); the
+        leading blocks this replica already holds (a context computed upstream, or submitted
+        again) are reused, not prefilled; a context held whole runs no forward at all.
+
+        Returns the seconds it took and the events for the manager: states evicted to make
+        room, then the admit (none when the state is larger than the whole store)."""
+        ids = list(tokens)
+        if not ids:
+            raise ValueError("the task context is empty: give the workflow a task of at least one token")
+        self._check_length(len(ids))
+        begin = time.perf_counter()
+        local, evicted = self.kept.local_prefix(ids, len(ids), leave=0)
+        cached = len(local) * self.config.block_tokens
+        if cached == len(ids):  # held whole (computed upstream, or submitted again): nothing to run
+            blocks = local
+        elif self.batcher is not None and local:
+            shared = self.prefixes.acquire(local)
+            try:
+                req = self.batcher.submit(ids[cached:], None, shared, 1)
+                req.result()
+            finally:
+                self.prefixes.release(local)
+            blocks = self.compute.blocks_of(ids, req.cache, local)
+        else:
+            cache = self.compute.forward(ids[cached:], self.compute.cache_of(local))[1]
+            blocks = self.compute.blocks_of(ids, cache, [])
+        admit, more = self.kept.store_state(blocks, Lineage("materialize"), state_id, ids)
+        seconds = time.perf_counter() - begin
+        events: tuple[AdmitEvent | EvictEvent, ...] = (*evicted, *more, *([admit] if admit else []))
+        return MaterializeResult(self.config.name, len(ids), seconds, admit is not None, events, reused=cached)
+
+    def max_positions(self) -> int:
+        """The longest context this replica's model accepts (0: no stated limit)."""
+        return int(getattr(self.engine.config, "max_position_embeddings", 0) or 0)
+
+    def _check_length(self, n: int) -> None:
+        limit = self.max_positions()
+        if limit and n > limit:
+            raise ValueError(
+                f"the context needs {n} positions but {self.config.model} accepts at most {limit}; "
+                "shorten the task or its workflow's outputs"
+            )
+
+    def _keep(
+        self, plan: NodePlan, state_tokens: list[int], cache: Any, prefix: list[KVBlock]
+    ) -> tuple[AdmitEvent | None, list[EvictEvent]]:
+        """Store the node's whole state (KV for every token but the last output) for reuse:
+        ``prefix`` (stored blocks the node continued; ``cache`` then holds only what follows)
+        plus the blocks cut from ``cache``."""
+        blocks = self.compute.blocks_of(state_tokens, cache, prefix)
+        return self.kept.store_state(blocks, Lineage("node", plan.parents), plan.state_id, state_tokens)
+
+    def _receive(self, plan: NodePlan, ids: list[int]) -> tuple[int, list[KVBlock]]:
+        """Receive the blocks of ``ids[lo:]`` (full blocks only; ``lo`` from the plan) from the
+        plan's source; returns the bytes received and the blocks."""
+        bt, lo = self.config.block_tokens, plan.receive[0]
+        n = len(ids) // bt * bt
+        spec = spec_for_prompt(self.engine.identity, ids[:n], bt, plan.source_address, plan.transfer_id, lo)
+        received, stats = receive_blocks(self.transport, spec)
+        return stats.nbytes, received
+
+    def _keep_received(self, plan: NodePlan, ids: list[int], blocks: list[KVBlock]) -> list[EvictEvent]:
+        """Keep the own prefix + received blocks as a state of their own when they fit (they
+        were used for the node either way); returns the evictions that made room."""
+        n = len(blocks) * self.config.block_tokens
+        _, evicted = self.kept.store_state(blocks, Lineage("transfer"), f"{plan.state_id}:transfer", ids[:n])
+        return evicted
