@@ -39,6 +39,7 @@ from graphflow.kv.events import (
 )
 from graphflow.kv.eviction_plan import plan_eviction
 from graphflow.kv.manager_snapshot import SnapshotPacer, read_snapshot, write_snapshot
+from graphflow.kv.recovery_plan import plan_recovery
 from graphflow.kv.state_index import StateIndex
 from scheduler.eviction import EvictionWeights
 
@@ -387,32 +388,14 @@ class KVStateManager:
 
     def recovery_plan(self, state_id: str, replica: str) -> RecoveryPlan:
         """How to rebuild a state on ``replica``: reuse its own leading blocks, transfer the
-        next ones from another replica, recompute (prefill) the rest from the recorded tokens."""
+        next ones from another replica, recompute (prefill) the rest from the recorded tokens
+        (:func:`graphflow.kv.recovery_plan.plan_recovery`)."""
         self.replica(replica)
         rec = self.state(state_id)
-        steps: list[RecoveryStep] = []
-        tokens_at = [0]
-        for lo in range(0, rec.num_tokens, self.block_tokens):
-            tokens_at.append(min(lo + self.block_tokens, rec.num_tokens))
-        i, n = 0, len(rec.state.block_keys)
-        while i < n:
-            holders = self.locate(rec.state.block_keys[i])
-            action, source = (
-                ("reuse", replica) if replica in holders else ("transfer", holders[0]) if holders else ("recompute", "")
-            )
-            j = i + 1
-            if action == "recompute":
-                j = n  # NOTE: a prefill recomputes every later block anyway
-            else:
-                while j < n and self._same_source(rec.state.block_keys[j], action, replica, source):
-                    j += 1
-            steps.append(RecoveryStep(action, replica, source, (i, j), (tokens_at[i], tokens_at[j])))
-            i = j
-        return RecoveryPlan(state_id, replica, tuple(steps), tuple(self.ancestors(state_id)))
-
-    def _same_source(self, key: int, action: str, replica: str, source: str) -> bool:
-        holders = self.locate(key)
-        return replica in holders if action == "reuse" else (replica not in holders and source in holders)
+        keys = rec.state.block_keys
+        return plan_recovery(
+            state_id, replica, keys, rec.num_tokens, self.block_tokens, self.locate, self.ancestors(state_id)
+        )
 
     # ---- invariants ----------------------------------------------------------------------
     def check_integrity(self) -> None:
