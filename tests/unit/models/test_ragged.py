@@ -5,7 +5,7 @@ import torch
 
 from graphflow.kv.packing import cache_length, stack_cache
 from graphflow.models import prompt_token_ids
-from graphflow.models.ragged import Row, SharedPrefix, attend, forward_rows, merge, unsupported
+from graphflow.models.ragged import GemmPadding, Row, SharedPrefix, attend, forward_rows, merge, unsupported
 
 TOL = 1e-5  # fp32 logits of the tiny models: packing only reorders the multiplies' sums
 
@@ -40,6 +40,33 @@ def test_packed_decode_continues_each_row_as_alone(engine):
         for g, x in zip(got, out, strict=True):
             g.append(int(x.argmax()))
     assert got == alone
+
+
+def test_gemm_padding_pads_only_its_range():
+    pad = GemmPadding(9, 16)
+    assert [pad.rows(n) for n in (1, 8, 9, 15, 16, 17)] == [1, 8, 16, 16, 16, 17]
+    assert GemmPadding.default(torch.device("cpu")) == pad
+    assert GemmPadding.default(torch.device("meta")) is None
+
+
+def test_decode_steps_padded_to_16_rows_give_each_row_what_it_gets_unpadded(engine):
+    # 11 rows decoding: the MLP and the head run over 16 rows, 5 of them zeros
+    prompts = [prompt_token_ids(engine.tokenizer, n) for n in range(3, 14)]
+    out, head_rows = {}, []
+    hook = engine.model.lm_head.register_forward_hook(lambda m, args, y: head_rows.append(args[0].shape[-2]))
+    try:
+        for name, pad in (("padded", GemmPadding(9, 16)), ("unpadded", GemmPadding(0, 0))):
+            rows = [Row(p, engine.new_cache()) for p in prompts]
+            firsts = [int(x.argmax()) for x in forward_rows(engine.model, rows, pad)]
+            step = forward_rows(engine.model, [Row([f], r.cache) for f, r in zip(firsts, rows, strict=True)], pad)
+            out[name] = (torch.stack(step), [stack_cache(r.cache) for r in rows])
+    finally:
+        hook.remove()
+    assert head_rows == [16, 16, 11, 11]
+    (padded, caches), (unpadded, plain) = out["padded"], out["unpadded"]
+    assert torch.allclose(padded, unpadded, atol=TOL)
+    assert padded.argmax(-1).tolist() == unpadded.argmax(-1).tolist()
+    assert all(torch.allclose(a, b, atol=TOL) for a, b in zip(caches, plain, strict=True))
 
 
 def blocks_of(kv: torch.Tensor, tokens: int) -> list[torch.Tensor]:
