@@ -1,14 +1,14 @@
 """The ``graphflow`` command. Every command takes ``--json``: one JSON object as the last line.
 
-One module per command group (``check``, ``bench``, ``serve``, ``workflow``, ``cluster``,
-``models``); ``_common`` holds the output helpers and the error policy they share.
+One module per command group (``check``, ``bench``, ``sweep`` with ``calibrate``, ``serve``,
+``workflow``, ``cluster``, ``models``); ``_common`` holds the output helpers and the error policy they share.
 """
 
 from __future__ import annotations
 
 import typer
 
-from graphflow.cli import bench, check, cluster, models, serve, workflow
+from graphflow.cli import bench, check, cluster, models, serve, sweep, workflow
 
 __all__ = ["app", "main"]
 
@@ -19,7 +19,7 @@ for group, name in (
     (models.app, "models"),
     (check.app, "check"),
     (bench.app, "bench"),
-    (bench.sweep_app, "sweep"),
+    (sweep.sweep_app, "sweep"),
     (cluster.app, "cluster"),
     (workflow.wgraph_app, "wgraph"),
     (workflow.train_app, "train"),
@@ -32,7 +32,7 @@ for command, name in (
     (serve.status, "status"),
     (serve.shutdown, "shutdown"),
     (serve.demo, "demo"),
-    (bench.calibrate_cmd, "calibrate"),
+    (sweep.calibrate_cmd, "calibrate"),
     (workflow.generate, "generate"),
 ):
     app.command(name)(command)
