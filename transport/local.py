@@ -29,9 +29,10 @@ from typing import Any, TypeVar
 import numpy as np
 
 from transport.base import TransferSpec, TransportConfig, start_loop_thread
+from transport.checksums import copy_with_digests
 from transport.errors import PeerUnreachable, WireFormatError
 from transport.message import Landed, MessageTransport
-from transport.wire import copy_with_digests, message_runs
+from transport.wire import message_runs
 
 __all__ = ["SHARED_COPY_MIN_BYTES", "LocalTransport", "SharedCopy"]
 
@@ -191,7 +192,7 @@ def _release(slot: _Slot) -> None:
 
 def _copy_in(seq: int, buf: memoryview, src: memoryview, sizes: list[int] | None) -> list[int] | None:
     """Copy message ``seq`` from ``src`` into ``buf``; with its blocks' ``sizes``, hash each
-    chunk as it is copied (``wire.copy_with_digests``: verification then reads the bytes from
+    chunk as it is copied (``checksums.copy_with_digests``: verification then reads the bytes from
     cache, not from memory again) and return the blocks' digests."""
     if src.nbytes > buf.nbytes:
         raise WireFormatError(f"local: message {seq} has {src.nbytes} bytes, at most {buf.nbytes} expected")

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from transport.base import Received, TransferSpec, TransferStats, Transport, check_into
+from transport.checksums import verify_buffer, verify_bytes
 from transport.errors import WireFormatError
 from transport.memory import host_arena
 from transport.wire import (
@@ -56,8 +57,6 @@ from transport.wire import (
     dtype_from_name,
     encode_header,
     message_runs,
-    verify_buffer,
-    verify_bytes,
 )
 
 __all__ = ["Landed", "MessageTransport", "first_message_bytes"]

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 import torch
 
 from transport.base import TransferSpec
+from transport.checksums import checksum
 from transport.message import MessageTransport
-from transport.wire import BlockHeader, checksum
+from transport.wire import BlockHeader
 
 __all__ = ["probe_blocks", "probe_pair"]
 

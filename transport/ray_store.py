@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from transport.base import Received, TransferSpec, TransferStats, Transport, TransportConfig
+from transport.checksums import tensor_bytes, verify
 from transport.errors import TransferTimeout, TransportError, WireFormatError
-from transport.wire import BlockHeader, decode_header, encode_header, tensor_bytes, verify
+from transport.wire import BlockHeader, decode_header, encode_header
 
 __all__ = ["MAILBOX_NAME", "RayTransport"]
 

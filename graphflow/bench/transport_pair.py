@@ -28,11 +28,12 @@ import xxhash
 
 from graphflow.bench.transport_rows import TransportRow
 from transport.base import TransferSpec, Transport
+from transport.checksums import checksum
 from transport.layout import message_spans
 from transport.memory import host_arena
 from transport.message import MessageTransport
 from transport.pool import TensorPool
-from transport.wire import BlockHeader, checksum
+from transport.wire import BlockHeader
 
 __all__ = ["BenchPlan", "blocks_for", "run_pair"]
 

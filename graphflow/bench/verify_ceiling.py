@@ -9,7 +9,7 @@ whose receiver copies and verifies on the same core:
 * ``copy_then_hash_s`` — the copy, then the xxh3-64 of each block of the destination: what a
   receiver pays when the bytes were written by someone else (the kernel's ``process_vm_readv``
   under MPI and UCX) and are read again for the checksum;
-* ``copy_and_hash_s`` — :func:`transport.wire.copy_with_digests`, each chunk hashed right after
+* ``copy_and_hash_s`` — :func:`transport.checksums.copy_with_digests`, each chunk hashed right after
   it is copied, still in cache (the ``local`` backend's path);
 * ``copy_and_hash_shared_s`` — the same, the span's messages (:func:`transport.layout.message_spans`
   of its blocks) shared between this thread and a helper thread
@@ -38,10 +38,10 @@ import numpy as np
 import xxhash
 
 from graphflow.runtime.calibration import median_seconds
+from transport.checksums import copy_with_digests
 from transport.layout import message_spans
 from transport.local import SharedCopy
 from transport.memory import host_arena
-from transport.wire import copy_with_digests
 
 __all__ = ["CeilingRow", "verify_ceiling"]
 

@@ -30,8 +30,8 @@ import torch
 import xxhash
 
 from graphflow.kv.errors import ChecksumMismatch
+from transport.checksums import checksum as tensor_checksum
 from transport.memory import host_arena
-from transport.wire import checksum as tensor_checksum
 
 __all__ = [
     "ROOT_KEY",

@@ -29,8 +29,9 @@ def test_ray_kv_state_between_processes(ray_cluster):
 
 def send_and_report(name: str, peer: str) -> str:
     from transport.base import TransferSpec, TransportConfig
+    from transport.checksums import checksum
     from transport.ray_store import RayTransport
-    from transport.wire import BlockHeader, checksum
+    from transport.wire import BlockHeader
 
     t = torch.ones(1 << 20, dtype=torch.uint8)
     headers = [BlockHeader(1, 0, 0, (), "uint8", (1 << 20,), 1 << 20, checksum(t))]

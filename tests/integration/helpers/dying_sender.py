@@ -15,8 +15,9 @@ import torch
 
 from graphflow.harness.rendezvous import exchange_addresses
 from transport.base import TransferSpec, TransportConfig
+from transport.checksums import checksum
 from transport.registry import create
-from transport.wire import WIRE_VERSION, BlockHeader, checksum, encode_header
+from transport.wire import WIRE_VERSION, BlockHeader, encode_header
 
 BLOCK = 8 << 20
 

@@ -16,10 +16,11 @@ import torch
 
 from transport import cma
 from transport.base import TransferSpec, TransportConfig
+from transport.checksums import checksum
 from transport.errors import ChecksumMismatch, TransportError
 from transport.layout import MESSAGE_BYTES
 from transport.mpi import MpiTransport
-from transport.wire import BlockHeader, checksum
+from transport.wire import BlockHeader
 
 BLOCK = 1 << 20
 

@@ -12,12 +12,13 @@ import torch
 
 from transport import local, message, wire
 from transport.base import TransferSpec, TransportConfig
+from transport.checksums import checksum, tensor_bytes
 from transport.errors import ChecksumMismatch, PeerUnreachable, TransferAborted, TransferTimeout, WireFormatError
 from transport.layout import MESSAGE_BYTES, message_runs
 from transport.local import LocalTransport
 from transport.memory import host_arena
 from transport.pool import TensorPool
-from transport.wire import WireLimits, checksum, tensor_bytes
+from transport.wire import WireLimits
 
 from .test_wire import _header
 

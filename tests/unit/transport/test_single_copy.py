@@ -12,12 +12,13 @@ import torch
 
 from transport import cma
 from transport.base import TransferSpec, TransportConfig
+from transport.checksums import checksum
 from transport.errors import ChecksumMismatch, TransferTimeout, TransportError
 from transport.layout import MESSAGE_BYTES
 from transport.local import LocalTransport
 from transport.message import MessageTransport
 from transport.single_copy import SINGLE_COPY_MIN_BYTES, Sends, SingleCopyTransport
-from transport.wire import BlockHeader, checksum
+from transport.wire import BlockHeader
 
 pytestmark = pytest.mark.skipif(not cma.available(), reason="cross-memory attach needs Linux")
 

@@ -5,16 +5,9 @@ import io
 import pytest
 import torch
 
+from transport.checksums import checksum, copy_with_digests
 from transport.errors import ChecksumMismatch, WireFormatError
-from transport.wire import (
-    BlockHeader,
-    checksum,
-    copy_with_digests,
-    decode_header,
-    encode_header,
-    read_frame,
-    write_frame,
-)
+from transport.wire import BlockHeader, decode_header, encode_header, read_frame, write_frame
 
 
 def _header(t: torch.Tensor, **kw: object) -> BlockHeader:
