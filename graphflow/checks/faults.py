@@ -41,6 +41,7 @@ from dataclasses import replace
 from typing import Any
 
 from graphflow.checks.fault_report import NODE_SCENARIOS, SCENARIOS, FaultReport, ScenarioResult
+from graphflow.checks.foreign_blocks import send_foreign_blocks
 from graphflow.client import calibrate_cluster
 from graphflow.runtime.actors import NAMESPACE, RayCluster, replica_name
 from graphflow.runtime.deployment import Deployment
@@ -274,45 +275,6 @@ class FaultSuite:
             lost_requests=lost,
         )
 
-    def foreign_blocks(self) -> None:
-        """Send a replica KV blocks computed by another model (tiny-qwen2) for a prompt it is
-        told to resume: their keys and sizes disagree with what its own model expects."""
-        from graphflow.kv.codec import to_wire
-        from graphflow.kv.packing import cache_to_blocks
-        from graphflow.models.engine import Engine
-        from graphflow.runtime.plan import NodePlan
-        from scheduler.policy import Option
-        from transport.base import TransferSpec, TransportConfig, transfer_ids
-        from transport.registry import create
-
-        c, r0 = self.cluster, self.cluster.replicas[0]
-        other = Engine.load("tiny-qwen2")
-        ids = list(self.ids[self.tasks[0]][:64])
-        headers, tensors = to_wire(cache_to_blocks(other.prefill(ids).cache, ids, other.identity, 16))
-        backend = getattr(c.deployment(), "transport", "ucx")
-        driver = create(
-            backend,
-            TransportConfig(timeout_s=self.timeout_s),
-            **({"name": "faults-driver"} if backend == "ray" else {}),
-        )
-        try:
-            tid = next(transfer_ids())
-            plan = NodePlan(
-                "faults-foreign",
-                (*ids, 65),
-                2,
-                Option.TRANSFER,
-                receive=(0, 64),
-                source_address=driver.address,
-                transfer_id=tid,
-            )
-            node = c.call(r0, "run_node", plan)
-            dst = c.get(c.call(r0, "address"))
-            driver.send(TransferSpec.for_headers(tid, dst, headers), headers, tensors)
-            c.get(node)
-        finally:
-            driver.close()
-
     def bad_input(self) -> ScenarioResult:
         c = self.cluster
         limit = int(c.get(c.call(c.replicas[0], "max_positions")))
@@ -330,7 +292,10 @@ class FaultSuite:
             ("unknown operation", lambda: functional_role("Teleport", None)),
             ("over-long context", lambda: self.executor().run(self.graph, [65] * (limit + 1), "faults-long")),
             ("empty task", lambda: self.executor().run(self.graph, [], "faults-empty")),
-            ("KV blocks of another model sent to a replica", self.foreign_blocks),
+            (
+                "KV blocks of another model sent to a replica",
+                lambda: send_foreign_blocks(c, list(self.ids[self.tasks[0]][:64]), self.timeout_s),
+            ),
         ]
         errors = []
         for label, call in cases:
