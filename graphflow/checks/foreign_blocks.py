@@ -19,9 +19,9 @@ __all__ = ["send_foreign_blocks"]
 
 
 def send_foreign_blocks(cluster: RayCluster, ids: list[int], timeout_s: float) -> None:
-    """Tell the first replica to resume ``ids`` from a transfer of their full 16-token blocks, then send it KV
-    blocks of those tokens computed by another model (tiny-qwen2): their keys and sizes
-    disagree with what its own model expects. Raises what the replica's refusal raises."""
+    """Tell the first replica to resume ``ids`` from a transfer of their full 16-token blocks,
+    then send it KV blocks of those tokens computed by another model (tiny-qwen2): their keys
+    and sizes disagree with what its own model expects. Raises what the replica's refusal raises."""
     c, r0 = cluster, cluster.replicas[0]
     other = Engine.load("tiny-qwen2")
     headers, tensors = to_wire(cache_to_blocks(other.prefill(ids).cache, ids, other.identity, 16))

@@ -21,15 +21,16 @@ request run alone: greedy tokens match (asserted in tests), logits agree within 
 relative to their scale for fp32 (``tests/unit/models/test_ragged.py``).
 
 On the CPU the MLP and the head run over a step's tokens padded with zero rows when there are
-9 to 15 of them (:class:`GemmPadding`): the pinned torch's MKL sgemm takes a slow path for
-2–15 rows against these weights that 16 rows avoid. Measured on this repo's 2-core host, one
+9 to 15 of them (:class:`GemmPadding`): the pinned torch's MKL sgemm takes a slower path below
+16 rows against these weights, and from 9 rows the MLP too costs more than at 16 (at 8 and
+fewer it costs no more, so those stay unpadded). Measured on this repo's 2-core host, one
 thread, fp32, ``torch.nn.functional.linear`` over SmolLM2-135M's shapes (milliseconds)::
 
     rows                 4      8     12     13     15     16     20
     MLP up 576→1536    0.27   0.40   0.56   0.66   0.70   0.41   0.45
     head   576→49152   20.4   35.0   43.1   49.0   52.5   25.9   23.3
 
-Decode steps of 9–15 rows (a replica's agents) are the common case; the projections to
+Decode steps of 9–15 rows (that many agents on a replica) gain the most; the projections to
 attention (576→576, 576→192) have no such cliff and run unpadded. Padding changes rounding
 only as packing already does; ``GemmPadding(0, 0)`` turns it off.
 """

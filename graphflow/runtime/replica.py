@@ -111,9 +111,7 @@ class ReplicaWorker:
         if one_parallel and self.batcher is None:  # no loop after all: every thread computes
             torch.set_num_threads(self.threads)
         self.compute = NodeCompute(self.engine, self.batcher, self.templates, self._lock, config.block_tokens)
-        self.nodes = NodeRunner(
-            config, self.engine, self.kept, held, self.compute, self.batcher, self.transport, self._lock
-        )
+        self.nodes = NodeRunner(config, self.kept, held, self.compute, self.transport)
         self._active = 0  # node calls in this replica now (receiving, queued or running)
 
     def _engine_loop(self, threads: int) -> tuple[Batcher | None, str]:

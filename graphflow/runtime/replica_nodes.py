@@ -12,7 +12,6 @@ already held.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -21,9 +20,7 @@ from graphflow.kv.block import KVBlock
 from graphflow.kv.exchange import receive_blocks, spec_for_prompt
 from graphflow.kv.manager import AdmitEvent, EvictEvent
 from graphflow.kv.state import Lineage
-from graphflow.models.engine import Engine
 from graphflow.runtime.arrivals import Arrivals
-from graphflow.runtime.batcher import Batcher
 from graphflow.runtime.kept import KeptStates
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
@@ -41,35 +38,23 @@ class NodeRunner:
 
     Args:
         config: the replica's configuration (name, block size, timeouts, model name).
-        engine: its model.
         kept: its stored states.
         held: the eviction table they follow (which states ready nodes need next).
-        compute: its prefill and decode (engine loop or not).
-        batcher: its engine loop (``None``: batching off).
+        compute: its prefill and decode; its model, engine loop (``None``: batching off) and
+            store lock are the runner's too.
         transport: where planned ranges are received from.
-        lock: the replica's store lock.
     """
 
     def __init__(
-        self,
-        config: ReplicaConfig,
-        engine: Engine,
-        kept: ReplicaStore,
-        held: KeptStates,
-        compute: NodeCompute,
-        batcher: Batcher | None,
-        transport: Transport,
-        lock: threading.RLock,
+        self, config: ReplicaConfig, kept: ReplicaStore, held: KeptStates, compute: NodeCompute, transport: Transport
     ) -> None:
         self.config = config
-        self.engine = engine
         self.kept = kept
         self.held = held
         self.compute = compute
-        self.batcher = batcher
         self.transport = transport
-        self._lock = lock
-        self.prefixes = SharedPrefixes(engine)  # shared prefixes the engine loop reads, built once each
+        self.engine, self.batcher, self._lock = compute.engine, compute.batcher, compute.lock
+        self.prefixes = SharedPrefixes(compute.engine)  # shared prefixes the engine loop reads, built once each
         self._arrivals = Arrivals()  # prefixes being received here, for nodes that wait for them
 
     def run(self, plan: NodePlan) -> NodeResult:
@@ -96,7 +81,7 @@ class NodeRunner:
         notes: list[str] = []
         marks: list[tuple[str, float]] = []
         local, received, moved, evicted = self._prefix(plan, ids, n_tmpl, notes, marks)
-        lo, hi = plan.receive
+        hi = plan.receive[1]
         prefix = local + received
         cached = len(prefix) * self.config.block_tokens
         batched = self.batcher is not None and not self.compute.templated(plan, ids, cached)
@@ -115,7 +100,7 @@ class NodeRunner:
                 notes += [why] if why else []
             ttft = time.perf_counter() - start
             marks.append(("prefill", start + ttft))
-            if received and len(local) * self.config.block_tokens == lo:  # after the first token: off its path
+            if received:  # NOTE: only when the own prefix reached the range; kept after the first token, off its path
                 try:
                     evicted += self._keep_received(plan, ids[:hi], local + received)
                 finally:
