@@ -3,13 +3,11 @@
 Does a task-conditioned generator pick better workflows than one fixed workflow, when
 "better" is measured by running the workflows with a real model and checking the answers?
 
-* **Tasks** (constructed here, seeded; not from a benchmark): two families whose answers can be
-  checked mechanically — ``arithmetic`` (3-digit addition and subtraction, 2-digit
-  multiplication, in several phrasings) and ``capital`` (capital city of a country; the train
-  and test splits use disjoint countries). Picked because the served model's success depends
-  on the workflow in opposite directions (measured while designing: a ``PROGRAM`` step whose
-  code is executed answers arithmetic that SmolLM2-135M gets wrong in prose, and it fails on
-  capitals, which the model answers in prose).
+* **Tasks** (constructed, seeded; not from a benchmark; ``reward_tasks``): arithmetic and
+  capital cities, whose answers are checked mechanically. Picked because the served model's
+  success depends on the workflow in opposite directions (measured while designing: a
+  ``PROGRAM`` step whose code is executed answers arithmetic that SmolLM2-135M gets wrong in
+  prose, and it fails on capitals, which the model answers in prose).
 * **Execution**: every workflow is compiled (``compile_workflow``) and run node by node with
   SmolLM2-135M (real weights) through the engine, in the runtime's prompt layout
   (``node_context``) with the model's chat turns around the task and each operation's template.
@@ -18,9 +16,7 @@ Does a task-conditioned generator pick better workflows than one fixed workflow,
   predecessor's) in an isolated subprocess (``graphflow.workflow.code_exec``); its result follows
   the node's text. Greedy decoding is deterministic, so a node's output is cached by its exact
   context tokens (what prefix caching would reuse) — every number is still a real model run.
-* **Score** of the final output node's text: ``arithmetic`` — the value after the last
-  ``Result:``, else the last number in the text, equals the answer; ``capital`` — the capital's
-  name occurs as a word.
+* **Score** of the final output node's text: ``reward_tasks.score`` (rules in its docstring).
 * **Methods** on the test tasks: ``gnn`` (the packaged imitation checkpoint fine-tuned by
   REINFORCE on the training tasks' measured reward, reward = success − 0.02 × nodes; each of
   500 steps samples 8 workflows for each of 4 tasks, baseline = the mean of the same task's
@@ -40,8 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,7 +45,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.common import read_csv, replace_section, write_csv, write_meta
+from experiments.common import replace_section, write_csv, write_meta
+from experiments.generator_eval.reward_tables import seeds_table, success, table_from_csv
+from experiments.generator_eval.reward_tasks import make_tasks, score
 from graphflow.workflow.code_exec import extract_code, run_solve
 from graphflow.workflow.compile import ROOT, compile_workflow, node_context
 from graphflow.workflow.corpus import Workflow, WorkflowNode, load_corpus, references
@@ -65,115 +61,7 @@ from graphflow.workflow.wgraph import structure
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 
-# (country, capital); even positions train, odd positions test — disjoint countries.
-CAPITALS = (
-    ("France", "Paris"),
-    ("Japan", "Tokyo"),
-    ("Italy", "Rome"),
-    ("Germany", "Berlin"),
-    ("Spain", "Madrid"),
-    ("Egypt", "Cairo"),
-    ("Russia", "Moscow"),
-    ("China", "Beijing"),
-    ("Greece", "Athens"),
-    ("Portugal", "Lisbon"),
-    ("Austria", "Vienna"),
-    ("Norway", "Oslo"),
-    ("Sweden", "Stockholm"),
-    ("Finland", "Helsinki"),
-    ("Denmark", "Copenhagen"),
-    ("Poland", "Warsaw"),
-    ("Ireland", "Dublin"),
-    ("Hungary", "Budapest"),
-    ("Thailand", "Bangkok"),
-    ("Kenya", "Nairobi"),
-    ("Peru", "Lima"),
-    ("Argentina", "Buenos Aires"),
-    ("Cuba", "Havana"),
-    ("Turkey", "Ankara"),
-    ("Iran", "Tehran"),
-    ("Iraq", "Baghdad"),
-    ("Mexico", "Mexico City"),
-    ("Canada", "Ottawa"),
-    ("Australia", "Canberra"),
-    ("India", "New Delhi"),
-    ("Belgium", "Brussels"),
-    ("Netherlands", "Amsterdam"),
-    ("Czech Republic", "Prague"),
-    ("Chile", "Santiago"),
-    ("Colombia", "Bogota"),
-    ("Venezuela", "Caracas"),
-    ("Philippines", "Manila"),
-    ("Indonesia", "Jakarta"),
-    ("Vietnam", "Hanoi"),
-    ("South Korea", "Seoul"),
-    ("Ukraine", "Kyiv"),
-    ("Romania", "Bucharest"),
-    ("Bulgaria", "Sofia"),
-    ("Serbia", "Belgrade"),
-    ("Morocco", "Rabat"),
-    ("Ethiopia", "Addis Ababa"),
-    ("Nigeria", "Abuja"),
-    ("Ghana", "Accra"),
-    ("Pakistan", "Islamabad"),
-    ("Afghanistan", "Kabul"),
-)
-_ARITH_PHRASES = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "Calculate {a} {op} {b}.")
-_CAPITAL_PHRASES = ("What is the capital of {c}?", "Name the capital city of {c}.", "Which city is the capital of {c}?")
 CHAT_USER, CHAT_END, CHAT_ASSISTANT = "<|im_start|>user\n", "<|im_end|>\n", "<|im_start|>assistant\n"
-
-
-@dataclass(frozen=True, slots=True)
-class Task:
-    family: str
-    text: str
-    answer: str
-
-
-def make_tasks(split: str, per_family: int, seed: int) -> list[Task]:
-    """``per_family`` arithmetic and capital tasks of ``split`` ("train" or "test")."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    rng = random.Random(f"{split}:{seed}")
-    countries = CAPITALS[0::2] if split == "train" else CAPITALS[1::2]
-    if per_family > len(countries) * len(_CAPITAL_PHRASES):
-        raise ValueError(f"at most {len(countries) * len(_CAPITAL_PHRASES)} capital tasks per split")
-    tasks = []
-    for i in range(per_family):
-        op = ("+", "-", "*")[i % 3]
-        a, b = (
-            (rng.randint(12, 99), rng.randint(12, 99)) if op == "*" else (rng.randint(100, 999), rng.randint(100, 999))
-        )
-        value = a + b if op == "+" else a - b if op == "-" else a * b
-        tasks.append(Task("arithmetic", rng.choice(_ARITH_PHRASES).format(a=a, op=op, b=b), str(value)))
-    pairs = [(c, p) for c in countries for p in _CAPITAL_PHRASES]
-    for country, phrase in rng.sample(pairs, per_family):
-        tasks.append(Task("capital", phrase.format(c=country[0]), country[1]))
-    return tasks
-
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def _as_number(text: str) -> float | None:
-    found = _NUMBER.findall(text)
-    if not found:
-        return None
-    try:
-        return float(found[-1].replace(",", ""))
-    except ValueError:
-        return None
-
-
-def score(task: Task, text: str) -> float:
-    """1.0 when the final text answers the task (rules in the module doc), else 0.0."""
-    if task.family == "arithmetic":
-        at = text.rfind("Result:")
-        got = _as_number(text[at + len("Result:") :].split("\n", 1)[0] if at >= 0 else text)
-        return float(got is not None and got == float(task.answer))
-    if task.family == "capital":
-        return float(re.search(rf"\b{re.escape(task.answer)}\b", text, re.I) is not None)
-    raise ValueError(f"unknown task family {task.family!r}")
 
 
 class WorkflowRunner:
@@ -373,25 +261,19 @@ def evaluate(
     return summarize(rows, settings, rewards, train_s, runner), rows
 
 
-def _success(rows: Sequence[dict[str, Any]], method: str) -> np.ndarray:
-    return np.array(
-        [float(r["success"]) for r in sorted((r for r in rows if r["method"] == method), key=lambda r: int(r["task"]))]
-    )
-
-
 def summarize(
     rows: Sequence[dict[str, Any]], settings: Settings, rewards: Sequence[float], train_s: float, runner: WorkflowRunner
 ) -> dict[str, Any]:
     fixed = sorted({r["method"] for r in rows if r["method"].startswith("fixed:")})
-    best = max(fixed, key=lambda m: _success(rows, m).mean())
-    gnn = _success(rows, "gnn")
-    lo, hi = bootstrap_ci(list(gnn - _success(rows, best)))
+    best = max(fixed, key=lambda m: success(rows, m).mean())
+    gnn = success(rows, "gnn")
+    lo, hi = bootstrap_ci(list(gnn - success(rows, best)))
     return {
         "gnn_success": float(gnn.mean()),
-        "best_fixed_success": float(_success(rows, best).mean()),
+        "best_fixed_success": float(success(rows, best).mean()),
         "best_fixed": best.removeprefix("fixed:"),
         **{
-            f"{m}_success": float(_success(rows, m).mean()) if any(r["method"] == m for r in rows) else None
+            f"{m}_success": float(success(rows, m).mean()) if any(r["method"] == m for r in rows) else None
             for m in ("retrieval", "majority", "gnn_imitation")
         },
         "diff_ci_low": lo,
@@ -404,66 +286,6 @@ def summarize(
         "node_runs": runner.node_runs,
         "node_seconds": runner.node_seconds,
     }
-
-
-def table_from_csv(path: Path) -> str:
-    rows = read_csv(path)
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    families = sorted({r["family"] for r in rows})
-    best = max((m for m in methods if m.startswith("fixed:")), key=lambda m: _success(rows, m).mean())
-    ref = _success(rows, best)
-    out = [
-        f"\n{len(ref)} test tasks ({', '.join(families)}); paired difference against the best fixed "
-        f"workflow on these tasks (`{best.removeprefix('fixed:')}`).\n",
-        "| method | success | 95% CI | " + " | ".join(families) + " | − best fixed (95% CI) | workflows used |",
-        "|---|---|---|" + "---|" * len(families) + "---|---|",
-    ]
-    for m in methods:
-        s = _success(rows, m)
-        lo, hi = bootstrap_ci(list(s))
-        dlo, dhi = bootstrap_ci(list(s - ref))
-        per = [np.mean([float(r["success"]) for r in rows if r["method"] == m and r["family"] == f]) for f in families]
-        used = len({r["workflow"] for r in rows if r["method"] == m})
-        out.append(
-            f"| {m} | {s.mean():.3f} | [{lo:.3f}, {hi:.3f}] | "
-            + " | ".join(f"{p:.2f}" for p in per)
-            + f" | {s.mean() - ref.mean():+.3f} [{dlo:+.3f}, {dhi:+.3f}] | {used} |"
-        )
-    return "\n".join(out)
-
-
-def seeds_table(results: Path = RESULTS) -> str:
-    """One row per seed run (``reward_rows.csv`` is seed 0, ``reward_seed<N>_rows.csv`` the
-    replications): the generator against that run's best fixed workflow."""
-    runs = [(0, results / "reward_rows.csv")] + sorted(
-        (int(p.name.removeprefix("reward_seed").removesuffix("_rows.csv")), p)
-        for p in results.glob("reward_seed*_rows.csv")
-    )
-    out = [
-        "| seed | methods scored | gnn | arithmetic | capital | retrieval | majority | best fixed "
-        "| gnn − best fixed (95% CI) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for seed, path in runs:
-        if not path.is_file():
-            continue
-        rows = read_csv(path)
-        methods = {r["method"] for r in rows}
-        best = max((m for m in methods if m.startswith("fixed:")), key=lambda m: _success(rows, m).mean())
-        gnn, ref = _success(rows, "gnn"), _success(rows, best)
-        lo, hi = bootstrap_ci(list(gnn - ref))
-        per = [
-            np.mean([float(r["success"]) for r in rows if r["method"] == "gnn" and r["family"] == f])
-            for f in ("arithmetic", "capital")
-        ]
-        scored = "all" if "retrieval" in methods else "gnn + single-operation fixed"
-        corpus = [f"{_success(rows, m).mean():.3f}" if m in methods else "—" for m in ("retrieval", "majority")]
-        out.append(
-            f"| {seed} | {scored} | {gnn.mean():.3f} | {per[0]:.2f} | {per[1]:.2f} | {' | '.join(corpus)} | "
-            f"{ref.mean():.3f} (`{best.removeprefix('fixed:')}`) | "
-            f"{gnn.mean() - ref.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] |"
-        )
-    return "\n".join(out)
 
 
 def main() -> None:
@@ -514,7 +336,7 @@ def main() -> None:
         write_meta(RESULTS / "reward_meta", settings=dataclasses.asdict(s))
         replace_section(HERE / "README.md", "reward", table_from_csv(Path(f"{out}_rows.csv")))
     if not args.quick:
-        replace_section(HERE / "README.md", "reward-seeds", seeds_table())
+        replace_section(HERE / "README.md", "reward-seeds", seeds_table(RESULTS))
     if args.json:
         print(json.dumps(summary))
 

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from experiments.generator_eval.reward import Settings, make_tasks, signature, train_generator
+from experiments.generator_eval.reward import Settings, signature, train_generator
+from experiments.generator_eval.reward_tasks import make_tasks
 from graphflow.workflow.corpus import Workflow
 from graphflow.workflow.planner import Planner
 

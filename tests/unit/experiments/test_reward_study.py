@@ -2,7 +2,8 @@ import re
 
 import pytest
 
-from experiments.generator_eval.reward import Task, make_tasks, score, signature, single_op
+from experiments.generator_eval.reward import signature, single_op
+from experiments.generator_eval.reward_tasks import Task, make_tasks, score
 
 
 def test_tasks_are_seeded_and_splits_use_disjoint_countries():
