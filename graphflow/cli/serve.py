@@ -75,7 +75,9 @@ def serve(
     ),
     threads: int = typer.Option(0, help="Torch threads per replica (0 = every core of its host)."),
     prefault_mib: int = typer.Option(
-        -1, help="KV memory each replica faults in at start, a block pool (-1 = the whole capacity; 0 = on demand)."
+        -1,
+        help="Memory each replica faults in at start for KV it receives (-1 = the whole capacity; "
+        "0 = on demand); KV its engine loop computes is kept outside it.",
     ),
     spread: bool = typer.Option(
         False, "--spread", help="Place replicas round-robin over the cluster's nodes (the manager on the head)."

@@ -36,7 +36,7 @@ class Deployment:
     gpus_per_replica: float = 0.0
     recompute_head: int = 12  # differential: template tokens recomputed after the prefix, not rebuilt
     threads: int = 0  # torch threads per replica (0: every core of its host)
-    prefault_bytes: int = 0  # KV memory each replica faults in at start (0: on demand)
+    prefault_bytes: int = 0  # memory each replica faults in at start for KV it receives (0: on demand)
     spread: bool = False  # replicas round-robin over the cluster's nodes, the manager on the head
     batching: bool = True  # each replica's nodes share forward passes (runtime.batcher); off: one at a time
     max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens per engine step (decodes + prefill chunks)
