@@ -24,11 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from graphflow.kv.differential.store import base_version
-from graphflow.kv.events import ReplicaInfo, TemplateEvent, TemplateHolding
+from graphflow.kv.events import ReplicaInfo, TemplateEvent
 from graphflow.runtime.cluster_api import Cluster
 from graphflow.runtime.errors import Unavailable
 from graphflow.runtime.failures import ALL_LOST, Failures
 from graphflow.runtime.in_flight import InFlight, prefix_key
+from graphflow.runtime.offers import arriving_tokens, state_requests
 from graphflow.runtime.order import levels, next_use
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult, TemplateRef
 from graphflow.runtime.run_state import Flight, RunState
@@ -40,9 +41,6 @@ from scheduler.policy import (
     Decision,
     Option,
     Policy,
-    RemoteCopy,
-    ResidualCopy,
-    StateRequest,
     place,
     prefill_work_s,
     recompute,
@@ -164,7 +162,7 @@ class WorkflowExecutor:
         pinned = st.pin.get(nid, "")
         if pinned not in c.replicas:  # unpinned, or pinned to a replica since lost: no longer binds
             pinned = ""
-        arriving = self._arriving(ctx, st.transferring) if st.reuse else {}
+        arriving = arriving_tokens(ctx, st.transferring) if st.reuse else {}
         d = self._choose(st, nid, ctx, tmpl, pinned, arriving)
         if d.option is Option.TRANSFER and d.replica in st.transferring:
             return  # NOTE: another prefix is moving there; once it has, this one is decided again
@@ -245,40 +243,28 @@ class WorkflowExecutor:
         look = self.cluster.manager(
             "begin_node", ctx, self.model_key, self.clock(), self.lease_s, None, (tmpl.op, tmpl.path, version)
         )
-        bt = self.block_tokens
-        usable = (len(ctx) - 1) // bt * bt
-        have = {m.replica: min(m.num_tokens, usable) // bt * bt for m in look.matches}
-        # NOTE: arriving tokens count as local where they land, never as a source for others: that
-        # replica holds none of them yet, and a send from it would leave its receiver waiting out the deadline
-        landing = {r: min(n, usable) // bt * bt for r, n in (arriving or {}).items()}
-        held: dict[str, TemplateHolding] = dict(look.templates)
-        requests = []
-        for r in [pinned] if pinned else self.cluster.replicas:
-            local = max(have.get(r, 0), landing.get(r, 0))
-            remote = tuple(
-                RemoteCopy(o, n, self.links.link(o, r), self._address(o))
-                for o, n in have.items()
-                if transfers and o != r and n > local and o in self.cluster.replicas
-            )
-            requests.append(
-                StateRequest(
-                    r,
-                    len(ctx),
-                    self.bpt,
-                    local_tokens=local,
-                    remote=remote,
-                    residual=self._residual(held.get(r), len(ctx), tmpl),
-                )
-            )
+        everyone = list(self.cluster.replicas)
+        requests = state_requests(
+            look,
+            len(ctx),
+            tmpl,
+            [pinned] if pinned else everyone,
+            everyone,
+            self.block_tokens,
+            self.bpt,
+            self.links.link,
+            self._address,
+            transfers,
+            arriving,
+        )
         # NOTE: the replicas count every client's nodes; this client's own launches may not have arrived
         # yet, and what those prefill and read is known here (every run's nodes, each shared prefix once)
         reported = self.cluster.queue_lengths()
-        replicas = list(self.cluster.replicas)
-        queue = self.in_flight.queue_s(replicas, reported, self.policy.prefill(len(ctx)))
+        queue = self.in_flight.queue_s(everyone, reported, self.policy.prefill(len(ctx)))
         decode = self.policy.decode
         if decode is None:
             return place(requests, queue, self.policy, force)
-        batches = self.in_flight.batches(replicas, reported, len(ctx))
+        batches = self.in_flight.batches(everyone, reported, len(ctx))
         busy = {r: b.rows for r, b in batches.items()}
 
         def extra(d: Decision) -> float:
@@ -287,19 +273,6 @@ class WorkflowExecutor:
             return added + send_delay_s(d, busy, self.bpt, self.links)
 
         return place(requests, queue, self.policy, force, extra)
-
-    @staticmethod
-    def _arriving(ctx: list[int], transferring: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
-        """Per replica, the leading tokens of ``ctx`` that a transfer in flight is bringing it."""
-        return {r: len(p) for r, p in transferring.items() if 0 < len(p) < len(ctx) and tuple(ctx[: len(p)]) == p}
-
-    @staticmethod
-    def _residual(h: TemplateHolding | None, total: int, tmpl: TemplateRef) -> ResidualCopy | None:
-        """What ``h`` rebuilds of this context: the template but its last token (prefilled)."""
-        if h is None or h.tokens != tmpl.tokens or tmpl.tokens < 2 or tmpl.tokens >= total:
-            return None
-        n = tmpl.tokens - 1
-        return ResidualCopy(n, h.nbytes, min(h.recompute, n), total - tmpl.tokens, tmpl.op, tmpl.path)
 
     def _plan(
         self,
