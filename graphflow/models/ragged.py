@@ -37,6 +37,8 @@ only as packing already does; ``GemmPadding(0, 0)`` turns it off.
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,11 +88,13 @@ class SharedPrefix:
     ``[layers, 2, kv_heads, tokens, head_dim]``, in token order.
 
     On the CPU the parts are the stored blocks themselves, not a copy: :meth:`layer` gathers one
-    layer's keys and values into a scratch buffer of one layer's size (1/layers of the prefix,
-    reused for every layer and step), so a prefix costs that buffer on top of the blocks the
-    store already holds. The gather is a memory-bound copy that leaves the layer in cache for
-    the attention reading it next. Elsewhere (a GPU engine over host-held blocks) the parts are
-    joined into one copy on the device once, and :meth:`layer` returns views of it.
+    layer's keys and values into its thread's gather buffer, one for every prefix the thread
+    gathers (the engine loop's: the rows attend each layer right after it is gathered), of the
+    largest layer gathered so far, so prefixes read at once cost one layer of the longest on
+    top of the blocks the store already holds, kept from one step and request to the next. The
+    gather is a memory-bound copy that leaves the layer in cache for the attention reading it
+    next. Elsewhere (a GPU engine over host-held blocks) the parts are joined into one copy on
+    the device once, and :meth:`layer` returns views of it.
     """
 
     def __init__(self, parts: Sequence[torch.Tensor], device: str | torch.device = "cpu") -> None:
@@ -105,7 +109,6 @@ class SharedPrefix:
         self.parts = list(parts)
         self.tokens = sum(int(p.shape[3]) for p in parts)
         self.layers = int(shape[0])
-        self._scratch: torch.Tensor | None = None  # [2, kv_heads, tokens, head_dim], made on first gather
         # NOTE: each layer's views of the parts, made once: building them per step cost as much
         # as the gather itself (256 blocks × 30 layers of SmolLM2 at 4K tokens)
         self._views = [[p[i] for p in self.parts] for i in range(self.layers)] if len(self.parts) > 1 else []
@@ -118,25 +121,36 @@ class SharedPrefix:
     @torch.inference_mode()
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``index``'s keys and values, each ``[1, kv_heads, tokens, head_dim]``; a
-        gathered layer stays valid until the next call."""
+        gathered layer stays valid until this thread's next gather (of any prefix)."""
         if len(self.parts) == 1:
             kv = self.parts[0][index]
         else:
             first = self.parts[0]
-            if self._scratch is None:
-                self._scratch = torch.empty(
-                    (2, first.shape[2], self.tokens, first.shape[4]), dtype=first.dtype, device=first.device
-                )
-            kv = torch.cat(self._views[index], dim=2, out=self._scratch)
+            out = _gather_buffer((2, int(first.shape[2]), self.tokens, int(first.shape[4])), first)
+            kv = torch.cat(self._views[index], dim=2, out=out)
         return kv[0].unsqueeze(0), kv[1].unsqueeze(0)
 
     @property
     def nbytes(self) -> int:
-        """Bytes this prefix adds to what its parts' owner holds: the gather buffer, or the
-        device copy."""
+        """Bytes this prefix adds to what its parts' owner holds: the device copy (a gathered
+        prefix adds none of its own: its thread's gather buffer serves every prefix)."""
         if len(self.parts) > 1:
-            return 0 if self._scratch is None else self._scratch.numel() * self._scratch.element_size()
+            return 0
         return self.parts[0].numel() * self.parts[0].element_size()
+
+
+_GATHER = threading.local()  # NOTE: per thread, so a gather is never overwritten before its attention reads it
+
+
+def _gather_buffer(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """This thread's gather buffer as a contiguous tensor of ``shape`` (``like``'s dtype and
+    device), grown when a larger layer is gathered."""
+    nbytes = math.prod(shape) * like.element_size()
+    buf: torch.Tensor | None = getattr(_GATHER, "buffer", None)
+    if buf is None or buf.numel() < nbytes or buf.device != like.device:
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
+        _GATHER.buffer = buf
+    return buf[:nbytes].view(like.dtype).view(shape)
 
 
 @dataclass(eq=False)

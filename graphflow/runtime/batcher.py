@@ -31,7 +31,9 @@ unbatched path; its table is in ``experiments/throughput/README.md``):
   cannot serve a reused or transferred prefix at all.
 * **shared prefix, read in place**: requests that continue one stored prefix read the stored
   blocks themselves (:class:`~graphflow.models.ragged.SharedPrefix`): each step gathers one
-  layer at a time into a buffer of one layer's size, attends it once for all of them and merges
+  layer at a time into the loop thread's gather buffer (one for every prefix, of the largest
+  layer gathered: a buffer per prefix cost ~10 MiB more peak growth for 16 agents over one 4K
+  SmolLM2 root, made and dropped per request), attends it once for all of them and merges
   it with each row's own suffix by log-sum-exp. The joined copy of the prefix it replaced
   (up to dde04e8) cost the whole prefix again per shared context (180 MiB for a 4K SmolLM2
   root). The gather reads what attention over a copy would read, and the layer it writes is

@@ -2,8 +2,9 @@
 
 The engine loop's rows attend over a :class:`~graphflow.models.ragged.SharedPrefix` (a chain
 of stored blocks, read in place on the CPU) plus their own suffix. Nodes that continue the
-same chain at once (agents fanning out from one context) get the same prefix, and with it one
-gather buffer of a layer's size; it is dropped when the last of them finishes.
+same chain at once (agents fanning out from one context) get the same prefix; it is dropped
+when the last of them finishes. Every prefix is gathered a layer at a time into the engine
+loop thread's one gather buffer (``ragged._gather_buffer``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -135,13 +137,27 @@ def test_the_shared_prefix_is_read_in_place_not_copied_per_row(tiny_engine):
     assert all(p is b for p, b in zip(prefix.parts, blocks, strict=True)) and prefix.nbytes == 0
     rows = [Row([5, 6], tiny_engine.new_cache(), prefix) for _ in range(4)]
     forward_rows(tiny_engine.model, rows)
-    layer_bytes = kv[0].numel() * kv.element_size()
-    assert prefix.tokens == 64 and prefix.nbytes == layer_bytes  # one layer's gather buffer, whatever the rows
+    assert prefix.tokens == 64 and prefix.nbytes == 0  # it gathers into its thread's buffer, whatever the rows
     assert all(cache_length(r.cache) == 2 for r in rows)
     for layer in range(kv.shape[0]):
         k, v = prefix.layer(layer)
         assert torch.equal(k[0], kv[layer, 0]) and torch.equal(v[0], kv[layer, 1])
         assert k.data_ptr() == prefix.layer(0)[0].data_ptr()  # every layer lands in the same buffer
+
+
+def test_prefixes_gathered_on_one_thread_share_its_buffer_and_other_threads_have_their_own():
+    long, short = torch.randn(2, 2, 1, 64, 8), torch.randn(2, 2, 1, 32, 8)
+    a, b = SharedPrefix(list(long.split(16, dim=3))), SharedPrefix(list(short.split(16, dim=3)))
+    ka = a.layer(1)[0]
+    assert torch.equal(ka[0], long[1, 0])
+    kb = b.layer(0)[0]  # the shorter one fits in the longer one's buffer
+    assert kb.data_ptr() == ka.data_ptr() and torch.equal(kb[0], short[0, 0])
+    elsewhere: list[int] = []
+    worker = threading.Thread(target=lambda: elsewhere.append(a.layer(0)[0].data_ptr()))
+    worker.start()
+    worker.join()
+    assert elsewhere[0] != ka.data_ptr()
+    assert torch.equal(a.layer(0)[1][0], long[0, 1])  # and this thread's gathers go on as before
 
 
 def test_a_shared_prefix_refuses_parts_of_different_models():
