@@ -37,7 +37,6 @@ only as packing already does; ``GemmPadding(0, 0)`` turns it off.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from graphflow.kv.packing import cache_length
+from graphflow.models.scratch import ScratchBuffer
 
 __all__ = ["GemmPadding", "Row", "SharedPrefix", "attend", "forward_layers", "forward_rows", "unsupported"]
 
@@ -145,12 +145,10 @@ _GATHER = threading.local()  # NOTE: per thread, so a gather is never overwritte
 def _gather_buffer(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """This thread's gather buffer as a contiguous tensor of ``shape`` (``like``'s dtype and
     device), grown when a larger layer is gathered."""
-    nbytes = math.prod(shape) * like.element_size()
-    buf: torch.Tensor | None = getattr(_GATHER, "buffer", None)
-    if buf is None or buf.numel() < nbytes or buf.device != like.device:
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
-        _GATHER.buffer = buf
-    return buf[:nbytes].view(like.dtype).view(shape)
+    scratch: ScratchBuffer | None = getattr(_GATHER, "scratch", None)
+    if scratch is None:
+        scratch = _GATHER.scratch = ScratchBuffer()
+    return scratch.view(shape, like)
 
 
 @dataclass(eq=False)

@@ -35,6 +35,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from graphflow.kv.block import KVBlock, blocks_from_parts
+from graphflow.models.scratch import ScratchBuffer
 from transport.memory import advise_huge_pages
 
 __all__ = ["RowCache"]
@@ -45,7 +46,7 @@ __all__ = ["RowCache"]
 # _SCRATCH_MAX_BYTES (a long context's, mapped and unmapped whole by malloc) get a buffer of their own.
 _REWRITE = threading.Lock()
 _SCRATCH_MAX_BYTES = 32 << 20
-_scratch: torch.Tensor | None = None
+_scratch = ScratchBuffer()
 # NOTE: rooms this large (a long context's, mapped on their own by malloc and unmapped when they
 # die) get huge pages: their blocks are the ones sent to other replicas, and same-host sends read
 # the sender's pages one at a time (transport.memory). Smaller rooms stay on 4 KiB pages, where a
@@ -55,13 +56,10 @@ _HUGE_ROOM_BYTES = 32 << 20
 
 def _transient(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
     """An uninitialised tensor of ``shape`` for a rewrite (the caller holds ``_REWRITE``)."""
-    global _scratch
     nbytes = math.prod(int(d) for d in shape) * like.element_size()
     if nbytes > _SCRATCH_MAX_BYTES:
         return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
-    if _scratch is None or _scratch.numel() < nbytes or _scratch.device != like.device:
-        _scratch = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
-    return _scratch[:nbytes].view(like.dtype).view(tuple(shape))
+    return _scratch.view(shape, like)
 
 
 class _ReservedLayer(DynamicLayer):
