@@ -250,7 +250,7 @@ def connect(
     torch threads (0: every core), ``gpus_per_replica`` GPUs reserved by Ray for each (default
     one on ``device="cuda"``, none on cpu) and ``prefault_mib`` of memory faulted in at start
     for KV the replicas receive (0: on demand; ``graphflow serve`` faults in the whole capacity by
-    default; KV the engine loop computes is kept outside it), with ``batching`` (each
+    default; the pool hands back what the KV a replica computes takes of its store), with ``batching`` (each
     replica's nodes share forward passes of ``max_batch_tokens``) or not; an attached deployment
     keeps what it was served with, and an embedded one of other settings in this process is
     replaced). Workflows are compiled with the deployment's ``templates`` (short or detailed).

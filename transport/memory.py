@@ -38,6 +38,7 @@ __all__ = ["HUGE_PAGE_BYTES", "HostArena", "Reservation", "advise_huge_pages", "
 
 HUGE_PAGE_BYTES = 2 << 20
 _ALIGN = 64
+_MADV_DONTNEED = 4
 _MADV_HUGEPAGE = 14
 
 
@@ -57,6 +58,18 @@ def _advise_huge(ptr: int, nbytes: int) -> bool:
     if _LIBC is None:
         return False
     return _LIBC.madvise(ctypes.c_void_p(ptr), ctypes.c_size_t(nbytes), _MADV_HUGEPAGE) == 0
+
+
+def _give_back(tensor: torch.Tensor) -> None:
+    """Hand the whole pages inside a CPU tensor back to the OS now (their contents are lost):
+    a slab dropped afterwards is freed to malloc, which may keep its pages resident otherwise."""
+    if _LIBC is None:
+        return
+    page = HUGE_PAGE_BYTES // 512  # NOTE: 4 KiB; slabs are 2 MiB aligned, so only an odd tail is left
+    start = _round_up(tensor.data_ptr(), page)
+    end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // page * page
+    if end > start:
+        _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
 
 
 def advise_huge_pages(tensor: torch.Tensor) -> bool:
@@ -208,6 +221,44 @@ class HostArena:
                 freed += size * (len(slabs) - len(busy))
                 self._kept[size] = busy
             self._kept_bytes -= freed
+        return freed
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of the reserved pool (:meth:`reserve`) still kept, idle or in use."""
+        with self._lock:
+            return sum(
+                size * sum(s.data_ptr() in self._reserved for s, _ in slabs) for size, slabs in self._kept.items()
+            )
+
+    def shrink_reserved(self, idle_bytes: int) -> int:
+        """Free idle spans of the reserved pool until at most ``idle_bytes`` of it sit idle (whole
+        spans: it may end up to a span below), handing their pages back to the OS now; the
+        arena's ``keep_bytes`` shrinks by as much, so what is freed is not kept again for
+        recycling. Spans in use are never touched. Returns the bytes freed."""
+        with self._lock:
+            idle = [
+                (size, slab)
+                for size, slabs in self._kept.items()
+                for slab, count in slabs
+                if slab.data_ptr() in self._reserved and _use_count(slab) == count
+            ]
+            excess = sum(size for size, _ in idle) - max(idle_bytes, 0)
+            drop: list[torch.Tensor] = []
+            freed = 0
+            for size, slab in idle:
+                if freed >= excess:
+                    break
+                drop.append(slab)
+                freed += size
+            gone = {slab.data_ptr() for slab in drop}
+            for size, slabs in self._kept.items():
+                self._kept[size] = [(s, c) for s, c in slabs if s.data_ptr() not in gone]
+            self._reserved -= gone
+            self._kept_bytes -= freed
+            self.keep_bytes = max(0, self.keep_bytes - freed)
+        for slab in drop:
+            _give_back(slab)
         return freed
 
     def _own(self, size: int) -> torch.Tensor:

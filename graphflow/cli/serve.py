@@ -77,7 +77,7 @@ def serve(
     prefault_mib: int = typer.Option(
         -1,
         help="Memory each replica faults in at start for KV it receives (-1 = the whole capacity; "
-        "0 = on demand); KV its engine loop computes is kept outside it.",
+        "0 = on demand); the pool hands back what the KV the replica computes takes of its store.",
     ),
     spread: bool = typer.Option(
         False, "--spread", help="Place replicas round-robin over the cluster's nodes (the manager on the head)."
@@ -242,6 +242,7 @@ def status(
         "used MiB",
         "peak MiB",
         "capacity MiB",
+        "pool MiB",
         "prefix hits",
         "hit rate",
         title="status",
@@ -258,6 +259,7 @@ def status(
             f"{s.used_bytes / 2**20:.1f}",
             f"{s.peak_bytes / 2**20:.1f}",
             f"{s.capacity_bytes / 2**20:.0f}",
+            f"{s.pool_bytes >> 20} of {s.prefaulted_bytes >> 20}",
             str(s.prefix.hits),
             f"{s.prefix.hit_rate:.0%}",
         )

@@ -44,6 +44,7 @@ from graphflow.runtime.batcher import Batcher
 from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates
 from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
 from graphflow.runtime.plan import BATCH_ROWS, MaterializeResult, NodePlan, NodeResult
+from graphflow.runtime.receive_pool import ReceivePool
 from graphflow.runtime.replica_compute import NodeCompute
 from graphflow.runtime.replica_config import ReplicaConfig
 from graphflow.runtime.replica_nodes import NodeRunner
@@ -101,17 +102,12 @@ class ReplicaWorker:
             config.block_tokens,
             self.engine.kv_bytes_per_token() * config.block_tokens,
         )
-        arena, pool = host_arena(), min(config.prefault_bytes, config.capacity_bytes)
-        # NOTE: the pool is kept beside the arena's room for recycling (receive buffers, message
-        # spans), not in it: a pool of the whole room left nothing to recycle, so each landed in fresh pages
-        arena.keep_bytes = max(arena.keep_bytes, pool + ARENA_RECYCLE_BYTES)
-        reserved = arena.reserve(pool)
-        self.prefaulted_bytes, self.prefault_short = reserved.nbytes, reserved.why_not
+        self.pool = ReceivePool(host_arena(), config.prefault_bytes, store, ARENA_RECYCLE_BYTES)
         self.batcher, self.batching_off = self._engine_loop(self.threads if one_parallel else 0)
         if one_parallel and self.batcher is None:  # no loop after all: every thread computes
             torch.set_num_threads(self.threads)
         self.compute = NodeCompute(self.engine, self.batcher, self.templates, self._lock, config.block_tokens)
-        self.nodes = NodeRunner(config, self.kept, held, self.compute, self.transport)
+        self.nodes = NodeRunner(config, self.kept, held, self.compute, self.transport, self.pool)
         self._active = 0  # node calls in this replica now (receiving, queued or running)
 
     def _engine_loop(self, threads: int) -> tuple[Batcher | None, str]:
@@ -283,8 +279,9 @@ class ReplicaWorker:
             peak_bytes=s.peak_used_bytes,
             blocks=s.num_blocks,
             states=s.num_states,
-            prefaulted_bytes=self.prefaulted_bytes,
-            prefault_short=self.prefault_short,
+            prefaulted_bytes=self.pool.prefaulted_bytes,
+            prefault_short=self.pool.short,
+            pool_bytes=self.pool.held_bytes,
             batching=loop is not None,
             batching_off=self.batching_off,
             max_batch_tokens=loop.max_batch_tokens if loop else 0,

@@ -29,7 +29,7 @@ class ReplicaConfig:
     node: str = ""  # the cluster node it runs on ("" = this host)
     host: str = ""  # that node's IP address ("" = this host)
     threads: int = 0  # torch threads of the engine (0: every core of the host, as a plain process gets)
-    prefault_bytes: int = 0  # memory faulted in at start for received KV (0: on demand); computed KV lives outside
+    prefault_bytes: int = 0  # memory faulted in at start for received KV (0: on demand); yields to computed KV
     batching: bool = True  # nodes share forward passes in one engine loop (runtime.batcher); off: one at a time
     max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens one engine step runs (decodes + prefill chunks)
     max_queue: int = 64  # node requests the engine loop holds (the actor's concurrency stays below it)

@@ -24,6 +24,7 @@ from graphflow.runtime.arrivals import Arrivals
 from graphflow.runtime.kept import KeptStates
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
+from graphflow.runtime.receive_pool import ReceivePool
 from graphflow.runtime.replica_compute import NodeCompute
 from graphflow.runtime.replica_config import ReplicaConfig
 from graphflow.runtime.replica_store import ReplicaStore
@@ -43,12 +44,20 @@ class NodeRunner:
         compute: its prefill and decode; its model, engine loop (``None``: batching off) and
             store lock are the runner's too.
         transport: where planned ranges are received from.
+        pool: its prefaulted receive memory, which yields to the KV each node computes.
     """
 
     def __init__(
-        self, config: ReplicaConfig, kept: ReplicaStore, held: KeptStates, compute: NodeCompute, transport: Transport
+        self,
+        config: ReplicaConfig,
+        kept: ReplicaStore,
+        held: KeptStates,
+        compute: NodeCompute,
+        transport: Transport,
+        pool: ReceivePool,
     ) -> None:
         self.config = config
+        self.pool = pool
         self.kept = kept
         self.held = held
         self.compute = compute
@@ -87,38 +96,44 @@ class NodeRunner:
         batched = self.batcher is not None and not self.compute.templated(plan, ids, cached)
         # NOTE: _local_prefix verified every local block, the transport every received one
         shared = self.prefixes.acquire(prefix) if batched and prefix else None
-        try:
-            if batched:
-                assert self.batcher is not None
-                marks.append(("rebuild", time.perf_counter()))
-                req = self.batcher.submit(ids[cached:], None, shared, max(1, plan.decode_steps))
-                first, rebuilt = req.wait_first(), 0
-            else:
-                cache = self.compute.cache_of(prefix)
-                marks.append(("rebuild", time.perf_counter()))
-                first, cache, rebuilt, why = self.compute.prefill(plan, ids, cached, cache)
-                notes += [why] if why else []
-            ttft = time.perf_counter() - start
-            marks.append(("prefill", start + ttft))
-            if received:  # NOTE: only when the own prefix reached the range; kept after the first token, off its path
-                try:
-                    evicted += self._keep_received(plan, ids[:hi], local + received)
-                finally:
-                    self._arrivals.landed(ids[:hi])
-                marks.append(("keep_received", time.perf_counter()))
-            if batched:
-                output, cache = req.result(), req.cache
-            else:
-                output = [first, *self.compute.decode(cache, first, plan.decode_steps - 1)]
-        finally:
-            if shared is not None:
-                self.prefixes.release(prefix)
-        marks.append(("decode", time.perf_counter()))
-        # a rebuilt template is approximate: never offer it to later nodes as an exact prefix
-        keep = plan.keep and not rebuilt
-        admit, more = self._keep(plan, ids + output[:-1], cache, prefix if shared else []) if keep else (None, [])
-        evicted += more
-        marks.append(("keep", time.perf_counter()))
+        # NOTE: what the node computes counts against the receive pool until it is stored: its
+        # room (batched), or a cache holding its whole context (unbatched)
+        computing = len(ids) + plan.decode_steps - (cached if batched else 0)
+        with self.pool.computing(self._kv_bytes(computing)):
+            try:
+                if batched:
+                    assert self.batcher is not None
+                    marks.append(("rebuild", time.perf_counter()))
+                    req = self.batcher.submit(ids[cached:], None, shared, max(1, plan.decode_steps))
+                    first, rebuilt = req.wait_first(), 0
+                else:
+                    cache = self.compute.cache_of(prefix)
+                    marks.append(("rebuild", time.perf_counter()))
+                    first, cache, rebuilt, why = self.compute.prefill(plan, ids, cached, cache)
+                    notes += [why] if why else []
+                ttft = time.perf_counter() - start
+                marks.append(("prefill", start + ttft))
+                if (
+                    received
+                ):  # NOTE: only when the own prefix reached the range; kept after the first token, off its path
+                    try:
+                        evicted += self._keep_received(plan, ids[:hi], local + received)
+                    finally:
+                        self._arrivals.landed(ids[:hi])
+                    marks.append(("keep_received", time.perf_counter()))
+                if batched:
+                    output, cache = req.result(), req.cache
+                else:
+                    output = [first, *self.compute.decode(cache, first, plan.decode_steps - 1)]
+            finally:
+                if shared is not None:
+                    self.prefixes.release(prefix)
+            marks.append(("decode", time.perf_counter()))
+            # a rebuilt template is approximate: never offer it to later nodes as an exact prefix
+            keep = plan.keep and not rebuilt
+            admit, more = self._keep(plan, ids + output[:-1], cache, prefix if shared else []) if keep else (None, [])
+            evicted += more
+            marks.append(("keep", time.perf_counter()))
         transferred = len(received) * self.config.block_tokens
         return NodeResult(
             state_id=plan.state_id,
@@ -178,23 +193,30 @@ class NodeRunner:
         begin = time.perf_counter()
         local, evicted = self.kept.local_prefix(ids, len(ids), leave=0)
         cached = len(local) * self.config.block_tokens
-        if cached == len(ids):  # held whole (computed upstream, or submitted again): nothing to run
-            blocks = local
-        elif self.batcher is not None and local:
+        with self.pool.computing(self._kv_bytes(len(ids) - (cached if self.batcher is not None else 0))):
+            # held whole (computed upstream, or submitted again): nothing to run
+            blocks = local if cached == len(ids) else self._prefill_context(ids, local)
+            admit, more = self.kept.store_state(blocks, Lineage("materialize"), state_id, ids)
+        seconds = time.perf_counter() - begin
+        events: tuple[AdmitEvent | EvictEvent, ...] = (*evicted, *more, *([admit] if admit else []))
+        return MaterializeResult(self.config.name, len(ids), seconds, admit is not None, events, reused=cached)
+
+    def _prefill_context(self, ids: list[int], local: list[KVBlock]) -> list[KVBlock]:
+        """The blocks of a task context of which this replica holds the blocks ``local``."""
+        cached = len(local) * self.config.block_tokens
+        if self.batcher is not None and local:
             shared = self.prefixes.acquire(local)
             try:
                 req = self.batcher.submit(ids[cached:], None, shared, 1)
                 req.result()
             finally:
                 self.prefixes.release(local)
-            blocks = self.compute.blocks_of(ids, req.cache, local)
-        else:
-            cache = self.compute.forward(ids[cached:], self.compute.cache_of(local))[1]
-            blocks = self.compute.blocks_of(ids, cache, [])
-        admit, more = self.kept.store_state(blocks, Lineage("materialize"), state_id, ids)
-        seconds = time.perf_counter() - begin
-        events: tuple[AdmitEvent | EvictEvent, ...] = (*evicted, *more, *([admit] if admit else []))
-        return MaterializeResult(self.config.name, len(ids), seconds, admit is not None, events, reused=cached)
+            return self.compute.blocks_of(ids, req.cache, local)
+        cache = self.compute.forward(ids[cached:], self.compute.cache_of(local))[1]
+        return self.compute.blocks_of(ids, cache, [])
+
+    def _kv_bytes(self, tokens: int) -> int:
+        return max(tokens, 0) * self.engine.kv_bytes_per_token()
 
     def max_positions(self) -> int:
         """The longest context this replica's model accepts (0: no stated limit)."""

@@ -60,6 +60,7 @@ class ReplicaStats:
     states: int
     prefaulted_bytes: int  # host memory faulted in before the first transfer
     prefault_short: str  # why fewer bytes were faulted in than asked ("" when not short)
+    pool_bytes: int  # of those, still kept for receives (the pool yields to computed KV)
     batching: bool  # whether node calls go through the engine loop
     batching_off: str  # why not ("" when on)
     max_batch_tokens: int

@@ -49,12 +49,20 @@ def test_serve_submit_status_shutdown(tmp_path):
         assert {r["kv_mode"] for r in status["replicas"]} == {"differential"}
         assert {r["transport"] for r in status["replicas"]} == {"ucx"} and all(r["node"] for r in status["replicas"])
         assert sum(r["hits"] for r in status["replicas"]) > 0
+        # serve prefaults the whole capacity, and hands back a span of it for each span of KV computed
+        pools = [(r["pool_bytes"], r["prefaulted_bytes"], r["used_bytes"]) for r in status["replicas"]]
+        assert all(0 < prefaulted - 64 * 2**20 < held <= prefaulted for held, prefaulted, _ in pools), pools
         # one host: UCX connects the two replicas over shared memory, and status says so per ordered pair
         routes = {r["replica"]: {x["peer"]: x for x in r["routes"]} for r in status["replicas"]}
         for a, b in pairs:
             assert routes[a][b]["shared_memory"] and routes[a][b]["transports"], routes
         table = _cli("status", "--address", HEAD).stdout
-        assert "routes" in table and "shared memory" in table and "network" not in table.split("routes", 1)[1]
+        assert (
+            "pool MiB" in table
+            and "routes" in table
+            and "shared memory" in table
+            and "network" not in table.split("routes", 1)[1]
+        )
         # the replicas ran the nodes through their engine loops (batching is the default)
         assert all(r["batching"] for r in status["replicas"]) and sum(r["engine_steps"] for r in status["replicas"]) > 0
         # the sweep between the deployment's served replicas: one ordered pair, its link as serve measured it

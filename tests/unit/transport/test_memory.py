@@ -151,3 +151,20 @@ def test_huge_pages_are_advised_only_over_whole_huge_pages_inside_a_tensor():
     arena = HostArena(slab_bytes=2 * HUGE_PAGE_BYTES)
     arena.empty((10,), torch.uint8)  # the arena's own advice tells whether this kernel takes it
     assert advise_huge_pages(torch.empty(3 * HUGE_PAGE_BYTES, dtype=torch.uint8)) == (arena.advised == 1)
+
+
+def test_shrinking_the_reserved_pool_frees_only_its_idle_spans():
+    arena = HostArena(keep_bytes=0)
+    arena.keep_bytes = 6 * MESSAGE_BYTES
+    assert arena.reserve(4 * MESSAGE_BYTES) == Reservation(4 * MESSAGE_BYTES)
+    extra = arena.empty_bytes(6 << 20)  # a recycled slab beside the pool, not part of it
+    del extra
+    busy = arena.empty_bytes(MESSAGE_BYTES)  # a receive landed in one pool span
+    assert arena.shrink_reserved(MESSAGE_BYTES + 1) == 2 * MESSAGE_BYTES  # 3 idle, at most 1 may stay
+    assert arena.reserved_bytes == 2 * MESSAGE_BYTES and arena.keep_bytes == 4 * MESSAGE_BYTES
+    assert arena.shrink_reserved(0) == MESSAGE_BYTES  # the busy span stays
+    assert arena.reserved_bytes == MESSAGE_BYTES and busy.numel() == MESSAGE_BYTES
+    assert arena.release_idle() == 6 << 20  # the recycled slab was never the pool's
+    del busy
+    assert arena.shrink_reserved(-1) == MESSAGE_BYTES and arena.reserved_bytes == 0
+    assert arena.shrink_reserved(0) == 0

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from graphflow.kv import ROOT_KEY, BlockStore, Lineage, make_block
+from graphflow.runtime.receive_pool import ReceivePool
+from transport.layout import MESSAGE_BYTES
+from transport.memory import HostArena
+
+from ..kv.helpers import IDENTITY, kv
+
+SPAN = MESSAGE_BYTES
+TOKENS_PER_SPAN = SPAN // IDENTITY.layout.bytes_per_token(4)
+
+
+def _store_one_span(store: BlockStore) -> None:
+    n = TOKENS_PER_SPAN
+    block = make_block(ROOT_KEY, range(n), 0, kv(n), IDENTITY.model_key)
+    assert store.add_state([block], Lineage("node")) is not None
+
+
+def test_the_pool_yields_to_the_kv_a_replica_computes():
+    arena = HostArena(keep_bytes=0)
+    store = BlockStore(IDENTITY, capacity_bytes=4 * SPAN, block_tokens=TOKENS_PER_SPAN)
+    pool = ReceivePool(arena, 8 * SPAN, store, recycle_bytes=0)
+    assert pool.prefaulted_bytes == pool.held_bytes == 4 * SPAN  # no more than the store holds
+    with pool.computing(SPAN + SPAN // 2):  # 2.5 spans of room left: two idle spans stay
+        assert pool.held_bytes == 2 * SPAN
+    _store_one_span(store)  # what was computed is stored
+    with pool.computing(SPAN // 2):  # 4 - 1 - 0.5: still room for both
+        assert pool.held_bytes == 2 * SPAN
+    received = arena.empty_bytes(SPAN)  # a receive lands in one of them
+    with pool.computing(2 * SPAN):  # room for one idle span: the other is in use
+        assert pool.held_bytes == 2 * SPAN
+    del received
+    with pool.computing(3 * SPAN):  # no room at all: every idle span goes, and is not recycled
+        assert pool.held_bytes == 0 and arena.keep_bytes == 0
+    assert pool.prefaulted_bytes == 4 * SPAN and pool.freed_bytes == 4 * SPAN
+
+
+def test_a_replica_without_a_pool_frees_nothing():
+    arena = HostArena(keep_bytes=0)
+    store = BlockStore(IDENTITY, capacity_bytes=4 * SPAN)
+    pool = ReceivePool(arena, 0, store, recycle_bytes=0)
+    with pool.computing(8 * SPAN):
+        assert pool.held_bytes == pool.freed_bytes == 0
