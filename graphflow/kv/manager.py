@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from graphflow.kv.block import ROOT_KEY, chain_keys
-from graphflow.kv.catalog import BlockBatch, Catalog
+from graphflow.kv.catalog import Catalog
+from graphflow.kv.copies import evict_copies, locate, longest_prefix, record_copies, rows_on, validate_blocks
 from graphflow.kv.events import (
     AdmitEvent,
     EvictEvent,
@@ -35,7 +36,6 @@ from graphflow.kv.events import (
     TemplateEvent,
     TemplateHolding,
     batch_from_blocks,
-    take_rows,
 )
 from graphflow.kv.eviction_plan import plan_eviction
 from graphflow.kv.manager_snapshot import SnapshotPacer, read_snapshot, write_snapshot
@@ -145,8 +145,8 @@ class KVStateManager:
         for ev in admits:
             state = ev.record.state
             if state.state_id in self._states:
-                self._validate_blocks(ev.blocks)
-                self._record_copies(ev.blocks, now_s)
+                validate_blocks(self.catalog, ev.blocks)
+                record_copies(self.catalog, ev.blocks, now_s)
                 continue
             known = tuple(p for p in state.lineage.parents if p in self._states)
             if known != state.lineage.parents:
@@ -171,7 +171,7 @@ class KVStateManager:
                 self.replica(ev.replica)
                 self._templates[ev.replica] = tuple(ev.holdings)
             else:
-                self._evict(ev)
+                evict_copies(self.catalog, ev.replica, ev.keys)
         self._maybe_snapshot()
 
     def templates_for(self, op: str, path: tuple[str, ...], version: str) -> tuple[tuple[str, TemplateHolding], ...]:
@@ -196,106 +196,29 @@ class KVStateManager:
             if known.state.block_keys == state.block_keys and known.token_bytes == ev.record.token_bytes:
                 # NOTE: the same admit delivered again (a replica resynced after a manager restart
                 # already reported it): record the copies, change nothing else
-                self._validate_blocks(batch)
-                self._record_copies(batch, now_s)
+                validate_blocks(self.catalog, batch)
+                record_copies(self.catalog, batch, now_s)
                 return
             raise ValueError(f"state {state.state_id!r} is already registered with other contents; use a new id")
         unknown = [p for p in state.lineage.parents if p not in self._states]
         if unknown:
             raise ValueError(f"state {state.state_id!r} names unknown parent states {unknown}")
-        self._validate_blocks(batch)
+        validate_blocks(self.catalog, batch)
         outside = np.setdiff1d(np.asarray(state.block_keys, dtype=np.uint64), batch.key.astype(np.uint64))
         missing = outside[self.catalog.rows_of_many(outside) < 0]
         if len(missing):
             raise ValueError(f"state {state.state_id!r} references {len(missing)} blocks that were never admitted")
-        self._record_copies(batch, now_s)
+        record_copies(self.catalog, batch, now_s)
         self._states.add(ev.record)
-
-    def _validate_blocks(self, batch: BlockBatch) -> None:
-        keys, parents = batch.key.astype(np.uint64), batch.parent_key.astype(np.uint64)
-        order = np.argsort(keys, kind="stable")
-        same = keys[order][1:] == keys[order][:-1]
-        if same.any() and (batch.checksum[order][1:][same] != batch.checksum[order][:-1][same]).any():
-            raise ValueError("the batch holds one block key twice with different bytes; refused")
-        need = (parents != ROOT_KEY) & ~np.isin(parents, keys)
-        if need.any():
-            parent_rows = self.catalog.rows_of_many(parents[need])
-            ever = parent_rows >= 0
-            if not ever.all():
-                dead = [p for p in parents[need][~ever].tolist() if not self._ever_known(p)]
-                if dead:
-                    raise ValueError(
-                        f"{len(dead)} blocks have unknown parents (first {dead[0]:016x}); admit parents first"
-                    )
-
-    def _record_copies(self, batch: BlockBatch, now_s: float) -> None:
-        """Record the batch's block copies on its replica (a validated batch): rows it replaced
-        go, copies already recorded are kept as they are."""
-        self._supersede(batch)
-        self.catalog.append(take_rows(batch, self._not_on_replica(batch)), now_s)
-
-    def _supersede(self, batch: BlockBatch) -> None:
-        """A replica reporting a block it is recorded with under other bytes replaced it (it
-        dropped a corrupt copy and recomputed it; its store holds one version per key): the
-        old row goes. Other replicas may each hold their own version of a key (the same tokens
-        computed along another path differ by rounding); each row keeps its checksum."""
-        code = self.catalog.replica_code(batch.replica)
-        reps, sums = self.catalog.col("replica"), self.catalog.col("checksum")
-        stale = [
-            r
-            for i in np.flatnonzero(self.catalog.rows_of_many(batch.key) >= 0).tolist()
-            for r in self.catalog.rows_of(int(batch.key[i]))
-            if reps[r] == code and sums[r] != batch.checksum[i]
-        ]
-        if stale:
-            self.catalog.kill(np.asarray(stale, dtype=np.int64))
-
-    def _ever_known(self, key: int) -> bool:
-        return bool((self.catalog.col("key") == np.uint64(key)).any())
-
-    def _not_on_replica(self, batch: BlockBatch) -> np.ndarray:
-        """Mask of batch blocks this replica does not already hold (re-admits are no-ops)."""
-        code = self.catalog.replica_code(batch.replica)
-        mask = np.ones(len(batch), dtype=bool)
-        rows = self.catalog.rows_of_many(batch.key)
-        maybe = np.flatnonzero(rows >= 0)
-        reps = self.catalog.col("replica")
-        for i in maybe.tolist():
-            if any(reps[r] == code for r in self.catalog.rows_of(int(batch.key[i]))):
-                mask[i] = False
-        return mask
-
-    def _evict(self, ev: EvictEvent) -> None:
-        code = self.catalog.replica_code(ev.replica, create=False)
-        reps, pins = self.catalog.col("replica"), self.catalog.col("pins")
-        rows = [r for k in ev.keys for r in self.catalog.rows_of(k) if reps[r] == code]
-        if any(pins[r] > 0 for r in rows):
-            raise ValueError(f"replica {ev.replica!r} reports evicting pinned blocks; unpin them first")
-        self.catalog.kill(np.asarray(rows, dtype=np.int64))
 
     # ---- queries -------------------------------------------------------------------------
     def locate(self, key: int) -> list[str]:
         """Replicas holding a live copy of block ``key``."""
-        reps = self.catalog.col("replica")
-        return [self.catalog.replica_name(int(reps[r])) for r in self.catalog.rows_of(key)]
+        return locate(self.catalog, key)
 
     def longest_prefix(self, keys: Sequence[int]) -> list[PrefixMatch]:
         """Per replica, how many leading blocks of ``keys`` it holds; longest first."""
-        reps = self.catalog.col("replica")
-        ntok = self.catalog.col("num_tokens")
-        alive_on: set[int] | None = None
-        counts: dict[int, tuple[int, int]] = {}
-        for i, k in enumerate(keys):
-            rows = self.catalog.rows_of(k)
-            here = {int(reps[r]): int(ntok[r]) for r in rows}
-            alive_on = set(here) if alive_on is None else alive_on & set(here)
-            if not alive_on:
-                break
-            for code in alive_on:
-                n_blocks, n_tok = counts.get(code, (0, 0))
-                counts[code] = (i + 1, n_tok + here[code])
-        matches = [PrefixMatch(self.catalog.replica_name(c), b, t) for c, (b, t) in counts.items()]
-        return sorted(matches, key=lambda m: (-m.num_blocks, m.replica))
+        return longest_prefix(self.catalog, keys)
 
     def begin_node(
         self,
@@ -316,7 +239,7 @@ class KVStateManager:
         if not matches:
             return NodeLookup(keys, (), None, held)
         best = next((m for m in matches if m.replica == prefer and m.num_blocks == matches[0].num_blocks), matches[0])
-        rows = self._rows_on(keys[: best.num_blocks], best.replica)
+        rows = rows_on(self.catalog, keys[: best.num_blocks], best.replica)
         self._hits[best.replica] = self._hits.get(best.replica, 0) + 1
         self._hit_tokens[best.replica] = self._hit_tokens.get(best.replica, 0) + best.num_tokens
         self.catalog.touch(rows, now_s)
@@ -351,7 +274,7 @@ class KVStateManager:
 
     def states_owning(self, keys: Sequence[int], replica: str) -> list[str]:
         """States that admitted the replica's copies of ``keys`` (sorted, unique)."""
-        rows = self._rows_on(tuple(keys), replica) if keys else np.zeros(0, dtype=np.int64)
+        rows = rows_on(self.catalog, tuple(keys), replica) if keys else np.zeros(0, dtype=np.int64)
         return sorted(set(self.catalog.names(self.catalog.col("state")[rows])))
 
     def used_bytes(self, replica: str) -> int:
@@ -363,19 +286,11 @@ class KVStateManager:
     # ---- pins and leases -----------------------------------------------------------------
     def pin(self, keys: Iterable[int], replica: str, delta: int = 1) -> None:
         """Pin (``delta=1``) or unpin (``-1``) the replica's copies of ``keys``."""
-        rows = self._rows_on(tuple(keys), replica)
+        rows = rows_on(self.catalog, tuple(keys), replica)
         self.catalog.add_pins(rows, delta)
 
     def lease(self, keys: Iterable[int], replica: str, until_s: float) -> None:
-        self.catalog.set_lease(self._rows_on(tuple(keys), replica), until_s)
-
-    def _rows_on(self, keys: Sequence[int], replica: str) -> np.ndarray:
-        code = self.catalog.replica_code(replica, create=False)
-        reps = self.catalog.col("replica")
-        rows = [r for k in keys for r in self.catalog.rows_of(k) if reps[r] == code]
-        if len(rows) != len(keys):
-            raise ValueError(f"replica {replica!r} does not hold all {len(keys)} blocks asked for")
-        return np.asarray(rows, dtype=np.int64)
+        self.catalog.set_lease(rows_on(self.catalog, tuple(keys), replica), until_s)
 
     # ---- eviction and recovery -----------------------------------------------------------
     def plan_eviction(
