@@ -16,7 +16,7 @@ store's room left once what is stored and what is being computed now is counted:
 and the spans over it are freed, their pages handed back to the OS. The pool never grows back:
 receives past it land in fresh memory, and their buffers are then recycled by the arena as any
 other's. Replicas that share a process (local deployments, tests) share its arena, and so one
-pool: each bounds it by its own store.
+pool: each bounds it by its own store, and what one frees may be spans another reserved.
 """
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ class ReceivePool:
             self._computing += nbytes
             if self.held_bytes > 0:
                 room = self.store.capacity_bytes - self.store.used_bytes - self._computing
-                self.freed_bytes += self.arena.shrink_reserved(room)
+                freed = self.arena.shrink_reserved(room)
+                self.freed_bytes = min(
+                    self.prefaulted_bytes, self.freed_bytes + freed
+                )  # NOTE: a shared arena (module doc)
         try:
             yield
         finally:

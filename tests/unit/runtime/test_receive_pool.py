@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from graphflow.kv import ROOT_KEY, BlockStore, Lineage, make_block
 from graphflow.runtime.receive_pool import ReceivePool
+from graphflow.runtime.replica import ReplicaWorker
+from graphflow.runtime.replica_config import ReplicaConfig
 from transport.layout import MESSAGE_BYTES
 from transport.memory import HostArena
 
@@ -42,3 +44,17 @@ def test_a_replica_without_a_pool_frees_nothing():
     pool = ReceivePool(arena, 0, store, recycle_bytes=0)
     with pool.computing(8 * SPAN):
         assert pool.held_bytes == pool.freed_bytes == 0
+
+
+def test_a_replica_hands_back_pool_spans_for_the_kv_it_computes():
+    w = ReplicaWorker(ReplicaConfig("pool-0", "tiny-llama", 2 * SPAN, transport="local", prefault_bytes=2 * SPAN))
+    try:
+        before = w.stats()
+        assert before.prefaulted_bytes == before.pool_bytes == 2 * SPAN
+        ids = w.encode("The context an upstream step computed: " + "a b c d e f g h. " * 20)[:64]
+        assert w.materialize("ctx", ids).kept
+        after = w.stats()
+        assert after.used_bytes > 0 and after.pool_bytes == SPAN  # one span's room went to the computed KV
+        assert after.prefaulted_bytes == 2 * SPAN
+    finally:
+        w.close()
