@@ -67,9 +67,8 @@ class ReceivePool:
             if self.held_bytes > 0:
                 room = self.store.capacity_bytes - self.store.used_bytes - self._computing
                 freed = self.arena.shrink_reserved(room)
-                self.freed_bytes = min(
-                    self.prefaulted_bytes, self.freed_bytes + freed
-                )  # NOTE: a shared arena (module doc)
+                # NOTE: in a shared arena the spans freed may be another replica's (module doc)
+                self.freed_bytes = min(self.prefaulted_bytes, self.freed_bytes + freed)
         try:
             yield
         finally:
