@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ def _give_back(tensor: torch.Tensor) -> None:
     a slab dropped afterwards is freed to malloc, which may keep its pages resident otherwise."""
     if _LIBC is None:
         return
-    page = HUGE_PAGE_BYTES // 512  # NOTE: 4 KiB; slabs are 2 MiB aligned, so only an odd tail is left
+    page = mmap.PAGESIZE
     start = _round_up(tensor.data_ptr(), page)
     end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // page * page
     if end > start:

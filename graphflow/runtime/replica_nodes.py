@@ -63,6 +63,7 @@ class NodeRunner:
         self.compute = compute
         self.transport = transport
         self.engine, self.batcher, self._lock = compute.engine, compute.batcher, compute.lock
+        self._kv_bytes_per_token = compute.engine.kv_bytes_per_token()
         self.prefixes = SharedPrefixes(compute.engine)  # shared prefixes the engine loop reads, built once each
         self._arrivals = Arrivals()  # prefixes being received here, for nodes that wait for them
 
@@ -113,9 +114,8 @@ class NodeRunner:
                     notes += [why] if why else []
                 ttft = time.perf_counter() - start
                 marks.append(("prefill", start + ttft))
-                if (
-                    received
-                ):  # NOTE: only when the own prefix reached the range; kept after the first token, off its path
+                # NOTE: only when the own prefix reached the range; kept after the first token, off its path
+                if received:
                     try:
                         evicted += self._keep_received(plan, ids[:hi], local + received)
                     finally:
@@ -216,7 +216,7 @@ class NodeRunner:
         return self.compute.blocks_of(ids, cache, [])
 
     def _kv_bytes(self, tokens: int) -> int:
-        return max(tokens, 0) * self.engine.kv_bytes_per_token()
+        return max(tokens, 0) * self._kv_bytes_per_token
 
     def max_positions(self) -> int:
         """The longest context this replica's model accepts (0: no stated limit)."""
