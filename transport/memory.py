@@ -35,7 +35,7 @@ import torch
 
 from transport.layout import MESSAGE_BYTES, message_runs
 
-__all__ = ["HUGE_PAGE_BYTES", "HostArena", "Reservation", "advise_huge_pages", "host_arena"]
+__all__ = ["HUGE_PAGE_BYTES", "HostArena", "Reservation", "advise_huge_pages", "give_back_pages", "host_arena"]
 
 HUGE_PAGE_BYTES = 2 << 20
 _ALIGN = 64
@@ -61,16 +61,20 @@ def _advise_huge(ptr: int, nbytes: int) -> bool:
     return _LIBC.madvise(ctypes.c_void_p(ptr), ctypes.c_size_t(nbytes), _MADV_HUGEPAGE) == 0
 
 
+def give_back_pages(start: int, end: int) -> None:
+    """Hand the whole pages inside the host memory ``[start, end)`` back to the OS now: their
+    contents are lost (read again, they are zeros) and they stop counting as resident until
+    written again. The pages that ``start`` and ``end`` cut are left alone."""
+    page = mmap.PAGESIZE
+    lo, hi = _round_up(start, page), end // page * page
+    if _LIBC is not None and hi > lo:
+        _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
+
+
 def _give_back(tensor: torch.Tensor) -> None:
     """Hand the whole pages inside a CPU tensor back to the OS now (their contents are lost):
     a slab dropped afterwards is freed to malloc, which may keep its pages resident otherwise."""
-    if _LIBC is None:
-        return
-    page = mmap.PAGESIZE
-    start = _round_up(tensor.data_ptr(), page)
-    end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // page * page
-    if end > start:
-        _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
+    give_back_pages(tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size())
 
 
 def advise_huge_pages(tensor: torch.Tensor) -> bool:

@@ -1,8 +1,8 @@
 """A kept byte buffer that transient tensors are viewed from, grown to the largest asked for.
 
 Used where one transient at a time is enough and allocating it anew each time would grow the
-heap (``row_cache``: rewriting a room into blocks; ``ragged``: gathering a shared prefix's
-layer). The caller makes sure one view is done with before the next is taken.
+heap (``ragged``: gathering a shared prefix's layer). The caller makes sure one view is done
+with before the next is taken.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ unbatched path; its table is in ``experiments/throughput/README.md``):
 * **each row's room reserved**: a new request's cache is a
   :class:`~graphflow.models.row_cache.RowCache` sized for every token it will hold, written in
   place (a ``DynamicCache`` reallocates every layer at every step), and when the node is kept its
-  buffer becomes the stored blocks in place, so a finished node does not hold its KV twice.
+  tokens are copied into stored blocks a group at a time while the room's pages go back to the
+  OS, so a finished node does not hold its KV twice.
 * **padding + attention masks** (one ``DynamicCache`` of batch ``n``, as the scripted agents job
   builds with ``packing.batch_cache``) needs rows of one length: every row's prefix copied into
   the batch and re-copied as rows join or leave, which is what kept that job's peak at 0.63×
@@ -192,7 +193,7 @@ class Batcher:
         if max_new < 1:
             raise ValueError(f"max_new must be at least 1, got {max_new}")
         # NOTE: a new request's cache reserves room for every token it will hold (prompt, then
-        # all it generates but the last), so it never reallocates and ends as stored blocks in place
+        # all it generates but the last), so it never reallocates and ends as stored blocks, never held twice
         req = Request(
             list(tokens),
             cache if cache is not None else self.engine.new_cache(len(tokens) + max_new - 1),

@@ -5,7 +5,7 @@ computes fills the store.
 :meth:`transport.memory.HostArena.reserve`): idle 8 MiB spans that a transfer's data messages
 land in and stay in as the received state, so a receive writes into touched memory. The KV a
 replica computes does not go there: each node's cache is a room of its own
-(``models/row_cache.py``) that becomes its stored blocks in place. A pool left whole beside a
+(``models/row_cache.py``) that becomes its stored blocks. A pool left whole beside a
 store full of computed states held about twice the capacity (measured in ``transport/README.md``).
 
 So the pool yields. Before a node computes, the replica asks the pool to keep idle at most the

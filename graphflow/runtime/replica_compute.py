@@ -111,7 +111,7 @@ class NodeCompute:
         (``cache`` holds the tokens after the prefix, or all of them when there is none)."""
         bt, model_key = self.block_tokens, self.engine.identity.model_key
         at = len(prefix) * bt
-        if isinstance(cache, RowCache):  # the engine loop's: its buffer becomes the blocks
+        if isinstance(cache, RowCache):  # the engine loop's: it becomes the blocks (RowCache.into_blocks)
             parent = prefix[-1].key if prefix else ROOT_KEY
             return prefix + cache.into_blocks(state_tokens[at:], at, parent, model_key, bt)
         if not prefix:

@@ -204,13 +204,14 @@ class NodeRunner:
     def _prefill_context(self, ids: list[int], local: list[KVBlock]) -> list[KVBlock]:
         """The blocks of a task context of which this replica holds the blocks ``local``."""
         cached = len(local) * self.config.block_tokens
-        if self.batcher is not None and local:
-            shared = self.prefixes.acquire(local)
+        if self.batcher is not None:  # NOTE: a room of the context's size, which becomes its blocks
+            shared = self.prefixes.acquire(local) if local else None
             try:
                 req = self.batcher.submit(ids[cached:], None, shared, 1)
                 req.result()
             finally:
-                self.prefixes.release(local)
+                if local:
+                    self.prefixes.release(local)
             return self.compute.blocks_of(ids, req.cache, local)
         cache = self.compute.forward(ids[cached:], self.compute.cache_of(local))[1]
         return self.compute.blocks_of(ids, cache, [])

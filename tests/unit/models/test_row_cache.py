@@ -26,20 +26,55 @@ def test_a_row_cache_holds_what_a_growing_cache_holds(tiny_engine):
     assert torch.allclose(stack_cache(cache), stack_cache(tiny_engine.prefill(ids).cache), atol=1e-5)
 
 
-def test_into_blocks_gives_the_blocks_of_the_cache_in_its_own_memory(tiny_engine):
+def test_into_blocks_gives_the_blocks_of_the_cache_back_to_back_and_spends_it(tiny_engine):
     ids = prompt_token_ids(tiny_engine.tokenizer, 40)  # two full blocks of 16 and one of 8
-    cache = filled(tiny_engine, ids, capacity=41)
+    cache = filled(tiny_engine, ids, capacity=44)  # room left over: the blocks hold only the 40
     expected = cache_to_blocks(cache, ids, tiny_engine.identity, 16)
-    room = cache._room
-    lo, hi = room.data_ptr(), room.data_ptr() + room.numel() * room.element_size()
     blocks = cache.into_blocks(ids, 0, ROOT_KEY, tiny_engine.identity.model_key, 16)
     assert [b.key for b in blocks] == [b.key for b in expected]
     assert [b.checksum for b in blocks] == [b.checksum for b in expected]
+    at = blocks[0].tensor.data_ptr()
     for got, want in zip(blocks, expected, strict=True):
         assert torch.equal(got.tensor, want.tensor) and got.tensor.is_contiguous()
-        assert lo <= got.tensor.data_ptr() < hi  # no copy: the blocks are the cache's buffer
+        assert got.tensor.data_ptr() == at  # one buffer, block after block (sent in place)
+        at += got.tensor.numel() * got.tensor.element_size()
+    assert cache._room is None  # the room is released, not kept beside the blocks
     with pytest.raises(RuntimeError, match="turned into stored blocks"):
         forward_rows(tiny_engine.model, [Row([1], cache)])
+    with pytest.raises(RuntimeError, match="turned into stored blocks"):
+        cache.into_blocks(ids, 0, ROOT_KEY, tiny_engine.identity.model_key, 16)
+
+
+@pytest.mark.parametrize("group_bytes", [1, 5 * 4096, 1 << 30])
+def test_a_room_handed_back_group_by_group_loses_no_token(tiny_engine, monkeypatch, group_bytes):
+    """The room's pages really go back to the OS (read again they are zeros) while later
+    groups are still to be copied: a page handed back too early would zero a block."""
+    from graphflow.models import row_cache
+
+    monkeypatch.setattr(row_cache, "_GROUP_BYTES", group_bytes)
+    ids = prompt_token_ids(tiny_engine.tokenizer, 300)  # each row of the room spans pages
+    cache = filled(tiny_engine, ids, capacity=333, chunk=64)
+    expected = cache_to_blocks(cache, ids, tiny_engine.identity, 16)
+    assert cache._room[0, 0, 0].numel() * cache._room.element_size() > 4 * 4096
+    blocks = cache.into_blocks(ids, 0, ROOT_KEY, tiny_engine.identity.model_key, 16)
+    assert len(blocks) == len(expected) == 19
+    for got, want in zip(blocks, expected, strict=True):
+        assert torch.equal(got.tensor, want.tensor)
+        assert got.checksum == want.checksum
+
+
+def test_hand_back_rows_frees_only_whole_pages_of_copied_tokens(monkeypatch):
+    from graphflow.models import row_cache
+
+    freed: list[tuple[int, int]] = []
+    monkeypatch.setattr(row_cache, "give_back_pages", lambda start, end: freed.append((start, end)))
+    room = torch.empty(2, 2, 1, 100, 32)  # rows of 100 tokens of 128 bytes: 12,800 bytes each
+    base, row = room.data_ptr(), 100 * 128
+    row_cache._hand_back_rows(room, 40, 70)
+    assert len(freed) == 4
+    for i, (start, end) in enumerate(freed):
+        assert start >= base + i * row and end == base + i * row + 70 * 128
+        assert start >= (base + i * row + 40 * 128) // 4096 * 4096  # not before the page cut at token 40
 
 
 def test_a_row_cache_continues_a_chain_and_refuses_what_does_not_fit(tiny_engine):

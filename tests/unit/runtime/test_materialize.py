@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from graphflow.runtime.replica import ReplicaWorker
 from graphflow.runtime.replica_config import ReplicaConfig
@@ -53,3 +54,32 @@ def test_an_empty_context_is_refused(worker: ReplicaWorker) -> None:
     with pytest.raises(ValueError, match="task context is empty"):
         worker.materialize("empty:ROOT", [])
     assert worker.stats().states == 0
+
+
+def test_a_context_held_nowhere_is_prefilled_into_a_room_that_becomes_its_blocks(
+    worker: ReplicaWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from graphflow.kv.packing import cache_to_blocks
+    from graphflow.models.row_cache import RowCache
+
+    rooms: list[int] = []
+    into_blocks = RowCache.into_blocks
+
+    def spy(self: RowCache, *args: object, **kwargs: object) -> object:
+        rooms.append(self.capacity)
+        return into_blocks(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RowCache, "into_blocks", spy)
+    ids = _context(worker, 70)  # four whole blocks and six tokens
+    got = worker.materialize("upstream:ROOT", ids)
+    assert got.reused == 0 and got.kept and worker.batcher is not None
+    assert rooms == [70]  # a room of exactly the context, not a growing cache copied into blocks
+    blocks = worker.store.blocks("upstream:ROOT")
+    at = blocks[0].tensor.data_ptr()
+    for block in blocks:  # one buffer of exactly the context's KV, block after block
+        assert block.tensor.data_ptr() == at
+        at += block.tensor.numel() * block.tensor.element_size()
+    expected = cache_to_blocks(worker.engine.prefill(ids).cache, ids, worker.engine.identity, 16)
+    assert [b.key for b in blocks] == [b.key for b in expected]
+    for block, want in zip(blocks, expected, strict=True):
+        assert torch.allclose(block.tensor, want.tensor, atol=1e-5)
