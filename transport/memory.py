@@ -35,7 +35,15 @@ import torch
 
 from transport.layout import MESSAGE_BYTES, message_runs
 
-__all__ = ["HUGE_PAGE_BYTES", "HostArena", "Reservation", "advise_huge_pages", "give_back_pages", "host_arena"]
+__all__ = [
+    "HUGE_PAGE_BYTES",
+    "HostArena",
+    "Reservation",
+    "advise_huge_pages",
+    "give_back",
+    "give_back_pages",
+    "host_arena",
+]
 
 HUGE_PAGE_BYTES = 2 << 20
 _ALIGN = 64
@@ -71,7 +79,7 @@ def give_back_pages(start: int, end: int) -> None:
         _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
 
 
-def _give_back(tensor: torch.Tensor) -> None:
+def give_back(tensor: torch.Tensor) -> None:
     """Hand the whole pages inside a CPU tensor back to the OS now (their contents are lost):
     a slab dropped afterwards is freed to malloc, which may keep its pages resident otherwise."""
     give_back_pages(tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size())
@@ -263,7 +271,7 @@ class HostArena:
             self._kept_bytes -= freed
             self.keep_bytes = max(0, self.keep_bytes - freed)
         for slab in drop:
-            _give_back(slab)
+            give_back(slab)
         return freed
 
     def _own(self, size: int) -> torch.Tensor:

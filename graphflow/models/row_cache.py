@@ -38,7 +38,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from graphflow.kv.block import KVBlock, blocks_from_parts
-from transport.memory import advise_huge_pages, give_back_pages
+from transport.memory import advise_huge_pages, give_back, give_back_pages
 
 __all__ = ["RowCache"]
 
@@ -155,7 +155,7 @@ class RowCache(DynamicCache):
             if hi < held and host:
                 _hand_back_rows(room, lo, hi)
         if host:
-            give_back_pages(room.data_ptr(), room.data_ptr() + room.numel() * room.element_size())
+            give_back(room)
         for layer in self.layers:
             assert isinstance(layer, _ReservedLayer)
             layer.spend()
