@@ -20,19 +20,10 @@ Packing changes the shapes the matrix multiplies see, so float rounding can diff
 request run alone: greedy tokens match (asserted in tests), logits agree within ~1e-4
 relative to their scale for fp32 (``tests/unit/models/test_ragged.py``).
 
-On the CPU the MLP and the head run over a step's tokens padded with zero rows when there are
-9 to 15 of them (:class:`GemmPadding`): the pinned torch's MKL sgemm takes a slower path below
-16 rows against these weights, and from 9 rows the MLP too costs more than at 16 (at 8 and
-fewer it costs no more, so those stay unpadded). Measured on this repo's 2-core host, one
-thread, fp32, ``torch.nn.functional.linear`` over SmolLM2-135M's shapes (milliseconds)::
-
-    rows                 4      8     12     13     15     16     20
-    MLP up 576→1536    0.27   0.40   0.56   0.66   0.70   0.41   0.45
-    head   576→49152   20.4   35.0   43.1   49.0   52.5   25.9   23.3
-
-Decode steps of 9–15 rows (that many agents on a replica) gain the most; the projections to
-attention (576→576, 576→192) have no such cliff and run unpadded. Padding changes rounding
-only as packing already does; ``GemmPadding(0, 0)`` turns it off.
+The MLP and the head run over a step's tokens padded with zero rows where the engine loop
+measured that a few more rows cost less on its host (:mod:`graphflow.models.gemm_padding`: a
+CPU BLAS takes a slower sgemm path at some small row counts); padding changes rounding only as
+packing already does.
 """
 
 from __future__ import annotations
@@ -47,30 +38,12 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from graphflow.kv.packing import cache_length
+from graphflow.models.gemm_padding import GemmPadding
 from graphflow.models.scratch import ScratchBuffer
 
 __all__ = ["GemmPadding", "Row", "SharedPrefix", "attend", "forward_layers", "forward_rows", "unsupported"]
 
 _ARCHS = ("llama", "qwen2")
-
-
-@dataclass(frozen=True)
-class GemmPadding:
-    """Run the MLP and the head over ``to`` rows when a step has ``low`` to ``to - 1`` (zero rows
-    added, their outputs dropped); see the module docstring for the measurements behind the
-    CPU default."""
-
-    low: int
-    to: int
-
-    def rows(self, n: int) -> int:
-        """The rows to compute for ``n`` real ones."""
-        return self.to if self.low <= n < self.to else n
-
-    @staticmethod
-    def default(device: torch.device) -> GemmPadding | None:
-        """The measured default for ``device``: 9–15 rows padded to 16 on the CPU, none elsewhere."""
-        return GemmPadding(9, 16) if device.type == "cpu" else None
 
 
 def _padded(fn: Any, x: torch.Tensor, padding: GemmPadding | None) -> torch.Tensor:
@@ -253,7 +226,7 @@ def merge(parts: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
 def forward_rows(model: Any, rows: Sequence[Row], padding: GemmPadding | None = None) -> list[torch.Tensor | None]:
     """One forward over ``rows`` (see the module docstring): each row's cache grows by its
     tokens; returns each row's last-token logits ``[vocab]`` (float32), ``None`` where the row
-    asked for none. ``padding``: the device's default when ``None``."""
+    asked for none. ``padding``: the rows the MLP and the head run over (``None``: unpadded)."""
     layers = forward_layers(model, rows, padding)
     while True:
         try:
@@ -277,7 +250,6 @@ def forward_layers(
     if not rows or any(not r.tokens for r in rows):
         raise ValueError("forward_rows needs one or more rows, each with at least one token")
     base, device = model.model, model.lm_head.weight.device
-    padding = padding or GemmPadding.default(device)
     lengths = [len(r.tokens) for r in rows]
     bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
     ids = torch.tensor([t for r in rows for t in r.tokens], dtype=torch.long, device=device)[None]

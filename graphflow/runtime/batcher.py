@@ -72,6 +72,7 @@ import torch
 from transformers import DynamicCache
 
 from graphflow.models.engine import Engine
+from graphflow.models.gemm_padding import GemmPadding
 from graphflow.models.ragged import Row, SharedPrefix, forward_layers, unsupported
 from graphflow.models.threads import set_thread_parallelism
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
@@ -177,6 +178,7 @@ class Batcher:
         self.peak_queue = 0
         self.pauses = 0  # forwards paused between two layers for a short prefill
         self.busy_s = 0.0  # wall seconds spent in forwards (steps and the parts of paused ones)
+        self.padding: GemmPadding | None = None  # the rows a step's MLP and head run over (None: unpadded)
         self._paused: tuple[_Forward, _Batch] | None = None
 
     # ---- requests ------------------------------------------------------------------------
@@ -233,6 +235,18 @@ class Batcher:
                 self._cv.notify_all()
         return fn(*args) if inline else done.result()
 
+    def measure_padding(self) -> GemmPadding | None:
+        """Measure on the loop's thread (:meth:`call`) how many rows each step's MLP and head
+        should run over on this host (:meth:`GemmPadding.measure
+        <graphflow.models.gemm_padding.GemmPadding.measure>`), and pad every later step so. On
+        the CPU only: no other device's kernels were measured, so those steps stay unpadded."""
+        if self.engine.device.type == "cpu":
+            self.call(self._pad_as_measured)
+        return self.padding
+
+    def _pad_as_measured(self) -> None:
+        self.padding = GemmPadding.measure(self.engine.model)  # NOTE: set between two steps, on the loop's thread
+
     @property
     def queue_length(self) -> int:
         """Requests waiting or running."""
@@ -260,7 +274,7 @@ class Batcher:
             return []
         if forward is None:
             rows = [Row(t, r.cache, r.shared, logits=r._fed + len(t) >= len(r.tokens)) for r, t in batch]
-            forward = forward_layers(self.engine.model, rows)
+            forward = forward_layers(self.engine.model, rows, self.padding)
         begin = time.perf_counter()
         try:
             logits = self._run(forward, batch, pausable and any(len(t) > 1 for _, t in batch))

@@ -120,6 +120,7 @@ class ReplicaWorker:
             return None, why
         loop = Batcher(self.engine, self.config.max_batch_tokens, BATCH_ROWS, self.config.max_queue, threads)
         loop.start()
+        loop.measure_padding()
         return loop, ""
 
     def close(self) -> None:
@@ -294,6 +295,7 @@ class ReplicaWorker:
             protected_states=len(self._held.needed_now()),
             cpu_s=time.process_time(),
             engine_busy_s=loop.busy_s if loop else 0.0,
+            padded_rows=tuple(sorted(loop.padding.padded.items())) if loop and loop.padding else (),
             templates=self.templates.summary() if self.templates else TemplateStats(),
             routes=tuple(Route(peer, via) for peer, via in self.transport.routes().items()),
         )

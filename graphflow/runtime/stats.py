@@ -73,6 +73,7 @@ class ReplicaStats:
     protected_states: int  # kept states a ready node of a running workflow needs (not evictable)
     cpu_s: float = 0.0  # CPU seconds of the replica's process since it started, all its threads
     engine_busy_s: float = 0.0  # wall seconds the engine loop has spent in forwards
+    padded_rows: tuple[tuple[int, int], ...] = ()  # (rows, rows run) of steps the loop pads, as measured at start
     templates: TemplateStats = field(default_factory=TemplateStats)
     prefix: PrefixHits = field(default_factory=PrefixHits)
     routes: tuple[Route, ...] = ()  # the peers this replica has connected to, and how
@@ -92,6 +93,7 @@ class ReplicaStats:
     def to_json(self) -> dict[str, object]:
         out = asdict(self)
         templates, prefix = out.pop("templates"), out.pop("prefix")
+        out["padded_rows"] = [list(pair) for pair in self.padded_rows]
         out["routes"] = [
             {"peer": r.peer, "transports": list(r.transports), "shared_memory": r.shared_memory} for r in self.routes
         ]

@@ -65,6 +65,8 @@ def test_serve_submit_status_shutdown(tmp_path):
         )
         # the replicas ran the nodes through their engine loops (batching is the default)
         assert all(r["batching"] for r in status["replicas"]) and sum(r["engine_steps"] for r in status["replicas"]) > 0
+        # each loop measured at its start which steps to pad: (rows, rows run), each padded upwards, within 16
+        assert all(n < m <= 16 for r in status["replicas"] for n, m in r["padded_rows"]), status["replicas"]
         # the sweep between the deployment's served replicas: one ordered pair, its link as serve measured it
         sweep = _last_json(
             _cli(

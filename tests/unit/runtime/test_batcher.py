@@ -7,6 +7,7 @@ import pytest
 
 from graphflow.kv.packing import cache_length, stack_cache
 from graphflow.models import prompt_token_ids
+from graphflow.models.gemm_padding import GemmPadding
 from graphflow.models.ragged import SharedPrefix
 from graphflow.runtime.batcher import Batcher, BatcherFull
 
@@ -209,3 +210,34 @@ def test_a_new_request_reserves_room_for_exactly_what_it_will_hold(tiny_engine):
     assert isinstance(req.cache, RowCache) and req.cache.capacity == 21 + 6 - 1
     assert cache_length(req.cache) == req.cache.capacity  # every token but the last generated one
     assert req.result() == alone(tiny_engine, prompt, 6)
+
+
+def test_steps_run_the_mlp_and_head_over_the_rows_the_padding_says_and_give_the_same_tokens(tiny_engine):
+    prompts = [prompt_token_ids(tiny_engine.tokenizer, n) for n in (11, 7, 19)]
+    got, head_rows = {}, []
+    hook = tiny_engine.model.lm_head.register_forward_hook(lambda m, args, y: head_rows.append(args[0].shape[-2]))
+    try:
+        for name, pad in (("unpadded", None), ("padded", GemmPadding((1, 4, 4, 4)))):
+            b = Batcher(tiny_engine, max_batch_tokens=64, max_rows=4)
+            b.padding = pad
+            reqs = [b.submit(p, max_new=4) for p in prompts]
+            head_rows.clear()
+            drain(b)
+            got[name] = ([r.result() for r in reqs], list(head_rows))
+    finally:
+        hook.remove()
+    assert got["unpadded"][1] == [3, 3, 3, 3] and got["padded"][1] == [4, 4, 4, 4]  # 3 rows a step
+    assert got["padded"][0] == got["unpadded"][0] == [alone(tiny_engine, p, 4) for p in prompts]
+
+
+def test_the_padding_is_measured_on_the_loop_thread_once_it_runs(tiny_engine):
+    b = Batcher(tiny_engine, max_batch_tokens=16, max_rows=4)
+    b.start()
+    try:
+        pad = b.measure_padding()
+        assert pad is b.padding and pad is not None and len(pad.to) == 16
+        assert b.generate(prompt_token_ids(tiny_engine.tokenizer, 9), max_new=3) == alone(
+            tiny_engine, prompt_token_ids(tiny_engine.tokenizer, 9), 3
+        )
+    finally:
+        b.stop()
