@@ -18,6 +18,7 @@ from graphflow.kv.differential.base import base_kv, template_kv
 from graphflow.kv.differential.codecs import ResidualCodec, apply_residual, frame0_residual
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine
+from graphflow.models.gemm_padding import GemmPadding
 from graphflow.models.prompts import prompt_token_ids
 from graphflow.models.ragged import Row, SharedPrefix, forward_rows
 
@@ -92,12 +93,17 @@ def reconstruct_samples(
 
 
 def decode_samples(
-    engine: Engine, points: Sequence[tuple[int, int]], block_tokens: int = 16, steps: int = 3
+    engine: Engine,
+    points: Sequence[tuple[int, int]],
+    block_tokens: int = 16,
+    steps: int = 3,
+    padding: GemmPadding | None = None,
 ) -> list[tuple[int, int, float]]:
     """``(rows, context, seconds)`` of one decode step of ``rows`` requests continuing one shared
     ``context``-token prefix held in ``block_tokens``-token blocks, each row with a room of its
     own, through the ragged forward the engine loop runs (agents over one root decode this
-    way); the median of ``steps`` steps after one untimed."""
+    way), padded as the loop pads (``padding``, its measured plan); the median of ``steps``
+    steps after one untimed."""
     prefixes: dict[int, SharedPrefix] = {}
     out = []
     for rows, context in points:
@@ -108,5 +114,5 @@ def decode_samples(
             blocks = cache_to_blocks(engine.prefill(ids).cache, ids, engine.identity, block_tokens)
             prefixes[context] = SharedPrefix([b.tensor for b in blocks], engine.device)
         batch = [Row([1], engine.new_cache(steps + 1), prefixes[context]) for _ in range(rows)]
-        out.append((rows, context, median_seconds(partial(forward_rows, engine.model, batch), steps)))
+        out.append((rows, context, median_seconds(partial(forward_rows, engine.model, batch, padding), steps)))
     return out

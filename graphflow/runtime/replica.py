@@ -176,7 +176,8 @@ class ReplicaWorker:
 
         if self.batcher is None:
             return []
-        return self.batcher.call(decode_samples, self.engine, points, self.config.block_tokens, steps)
+        loop = self.batcher
+        return loop.call(decode_samples, self.engine, points, self.config.block_tokens, steps, loop.padding)
 
     def cost_samples(self, lengths: Sequence[int], repeats: int = 2) -> dict[str, list[tuple[int, float]]]:
         """Measured (bytes, seconds) of rebuilding a cache from blocks (``resume``) and a
