@@ -1,17 +1,20 @@
 """The multi-agent study through the served path, beside an ideal measured on its own.
 
-``python -m experiments.multi_agent.served [--quick] [--json] [--allow-dirty]`` runs
+``python -m experiments.multi_agent.served [--quick] [--json] [--allow-dirty] [--systems S,…] [--repeats N]`` runs
 :func:`graphflow.bench.multi_agent.run_multi_agent_bench` (``graphflow bench multi-agent``:
 embedded Ray, two replicas, ``connect()`` → executor → replica actors → manager → UCX) and
 writes ``results/served/bench_multi_agent.json``, ``meta.json`` and the README's served table.
 ``--quick`` (a random tiny model, small sizes) writes under ``out/quick-served/`` and never
-touches committed results. The trials are timed with the replicas in steady state: peak memory,
-whose measurement hands each replica's freed memory back to the OS before every trial (and so
-puts every trial's transfer into fresh pages), is measured in the peak-memory study's own trials.
+touches committed results. ``--systems`` and ``--repeats`` run a subset, several trials per row
+(the systems taking turns), into ``results/served-<systems>[-x<N>]/`` and that section of the
+README. The trials are timed with the replicas in steady state: peak memory, whose measurement
+hands each replica's freed memory back to the OS before every trial (and so puts every trial's
+transfer into fresh pages), is measured in the peak-memory study's own trials.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,15 +36,18 @@ QUICK = {**FULL, "model": "tiny-llama", "agents": (1, 4), "root_tokens": 512, "d
 
 
 def table(result: MultiAgentReport, settings: dict[str, Any]) -> str:
+    repeated = any(len(r.makespans_s) > 1 for r in result.rows)
     lines = [
-        "| agents | system | root prefill s | agents s | makespan s | bytes moved | decisions |",
-        "|---|---|---|---|---|---|---|",
+        "| agents | system | root prefill s | agents s | makespan s | bytes moved | decisions |"
+        + (" every repeat's makespan s |" if repeated else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if repeated else ""),
     ]
     for r in result.rows:
         decided = ", ".join(f"{k} {v}" for k, v in sorted(r.decisions.items()))
         lines.append(
             f"| {r.agents} | {r.system} | {r.root_prefill_s:.2f} | {r.agents_s:.2f} "
             f"| {r.makespan_s:.2f} | {r.bytes_moved:,} | {decided} |"
+            + (f" {' / '.join(f'{m:.2f}' for m in r.makespans_s)} |" if repeated else "")
         )
     head = "| agents | ideal ÷ ours (efficiency) | agents' part only | dense ÷ ours | better prefix caching ÷ ours |"
     lines += ["", head, "|---|---|---|---|---|"]
@@ -64,6 +70,11 @@ def table(result: MultiAgentReport, settings: dict[str, Any]) -> str:
         "",
         f"Model {settings['model']}, {settings['root_tokens']}-token root, {settings['decode']} tokens per "
         f"agent, {result.threads} torch thread per replica, 2 replicas, KV over {result.transport}"
+        + (
+            f"; {settings['repeats']} trials per row, the systems taking turns, the median makespan's kept"
+            if repeated
+            else ""
+        )
         + (
             "; each trial's peak memory measured (freed memory handed back to the OS before it)."
             if settings.get("memory", True)
@@ -90,17 +101,23 @@ def run(s: dict[str, Any], systems: tuple[str, ...], say: Callable[[str], None])
 
 
 def main() -> None:
-    args = served_args(
-        __doc__,
-        lambda p: p.add_argument(
-            "--systems", default="", help="run only these (ours always); writes results/served-<systems>/"
-        ),
-    )
-    s = QUICK if args.quick else FULL
+    def options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--systems", default="", help="run only these (ours always); writes results/served-<systems>/")
+        p.add_argument(
+            "--repeats",
+            type=int,
+            default=FULL["repeats"],
+            help="trials per (k, system), the systems taking turns; the median makespan's is kept "
+            "(above 1: writes results/served-<systems>-x<repeats>/)",
+        )
+
+    args = served_args(__doc__, options)
+    s = {**(QUICK if args.quick else FULL), "repeats": args.repeats}
     systems = tuple(dict.fromkeys(["ours", *(x for x in args.systems.split(",") if x)])) if args.systems else SYSTEMS
     say = progress(args.json)
     result = run(s, systems, say)
     sub = "served" if systems == SYSTEMS else "served-" + "-".join(systems)
+    sub += f"-x{args.repeats}" if args.repeats > 1 else ""
     settings = {**s, "systems": systems}
     publish_served(HERE, "bench_multi_agent", result.to_json(), settings, table(result, s), args.quick, args.json, sub)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from graphflow.bench.replica_memory import ReplicaMemory
@@ -39,7 +39,7 @@ from graphflow.bench.served import PinnedAgent
 from graphflow.bench.systems import PREFIX_CACHING, lowest_per_key, run_as
 from graphflow.client import Client, connect, new_run_id
 
-__all__ = ["MultiAgentBench", "MultiAgentReport", "MultiAgentRow", "run_multi_agent_bench"]
+__all__ = ["MultiAgentBench", "MultiAgentReport", "MultiAgentRow", "median_trial", "run_multi_agent_bench"]
 
 SYSTEMS = ("ours", "ideal", "dense", *PREFIX_CACHING)
 
@@ -57,6 +57,16 @@ class MultiAgentRow:
     decisions: dict[str, int]
     replicas_used: int
     peak_rss_growth_bytes: int = 0  # summed over the replicas, the whole trial
+    makespans_s: tuple[float, ...] = ()  # every repeat's makespan, fastest first (this row is their median)
+
+
+def median_trial(tries: Sequence[MultiAgentRow]) -> MultiAgentRow:
+    """The repeats of one (k, system): the trial of median makespan (the slower middle one of an
+    even count), carrying every repeat's makespan in ``makespans_s``."""
+    if not tries:
+        raise ValueError("no trials to take the median of")
+    ranked = sorted(tries, key=lambda r: r.makespan_s)
+    return replace(ranked[len(ranked) // 2], makespans_s=tuple(r.makespan_s for r in ranked))
 
 
 class MultiAgentBench:
@@ -162,7 +172,8 @@ class MultiAgentReport:
     def from_json(cls, obj: Mapping[str, Any]) -> MultiAgentReport:
         """A report back from its :meth:`to_json` (a study's committed JSON); the ratios are
         derived again from the rows."""
-        return cls(tuple(MultiAgentRow(**r) for r in obj["rows"]), obj.get("threads", 0), obj.get("transport", ""))
+        rows = tuple(MultiAgentRow(**{**r, "makespans_s": tuple(r.get("makespans_s", ()))}) for r in obj["rows"])
+        return cls(rows, obj.get("threads", 0), obj.get("transport", ""))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -190,7 +201,8 @@ def run_multi_agent_bench(
     memory: bool = True,
 ) -> MultiAgentReport:
     """Every system at every k on one fresh two-replica embedded deployment (after a warm-up
-    trial of ours at k = 2 and full size); with ``repeats`` > 1 the trial of median makespan is kept per (k, system).
+    trial of ours at k = 2 and full size); with ``repeats`` > 1 the systems take turns ``repeats`` times per k and
+    the trial of median makespan is kept per (k, system) (:func:`median_trial`).
 
     ``memory=False`` leaves the replicas' memory alone between trials (``peak_rss_growth_bytes``
     is then 0): measuring peak growth hands the memory freed so far back to the OS before each
@@ -209,11 +221,13 @@ def run_multi_agent_bench(
     # NOTE: a warm-up at full size: both replicas have run a node and one has received a whole root,
     # so a steady-state run's receives land in recycled buffers (as `graphflow serve`'s prefaulted pool)
     bench.trial("ours", 2, root_tokens)
-    rows = []
+    rows: list[MultiAgentRow] = []
     for k in agents:
-        for system in systems:
-            say(f"{k} agents: {system}")
-            tries = sorted((bench.trial(system, k, root_tokens) for _ in range(repeats)), key=lambda r: r.makespan_s)
-            rows.append(tries[len(tries) // 2])
+        tries: dict[str, list[MultiAgentRow]] = {system: [] for system in systems}
+        for repeat in range(repeats):  # NOTE: the systems take turns, so a slow spell of the host is shared
+            for system in systems:
+                say(f"{k} agents: {system}" + (f" (repeat {repeat + 1} of {repeats})" if repeats > 1 else ""))
+                tries[system].append(bench.trial(system, k, root_tokens))
+        rows += [median_trial(tries[system]) for system in systems]
     first = client.status()[0]
     return MultiAgentReport(tuple(rows), first.threads, first.transport)

@@ -48,3 +48,20 @@ def test_memory_is_judged_against_dense_at_the_same_k_and_survives_a_json_round_
     assert got.memory_over_dense == {"ours": {4: pytest.approx(0.25)}, "holder": {4: pytest.approx(0.2)}}
     again = MultiAgentReport.from_json(json.loads(json.dumps(got.to_json())))
     assert again == got and again.memory_over_dense == got.memory_over_dense
+
+
+def test_repeats_keep_the_median_trial_with_every_makespan_and_survive_a_json_round_trip():
+    import json
+
+    from graphflow.bench.multi_agent import median_trial
+
+    tries = [_row("ours", 4, 1.0, 5.0), _row("ours", 4, 1.0, 2.0), _row("ours", 4, 2.0, 2.5)]
+    kept = median_trial(tries)
+    assert kept.agents_s == 2.5 and kept.root_prefill_s == 2.0  # makespans 6.0, 3.0, 4.5: the middle one
+    assert kept.makespans_s == (3.0, 4.5, 6.0)
+    assert median_trial(tries[:2]).makespan_s == 6.0  # an even count keeps the slower middle trial
+    assert median_trial(tries[1:2]).makespans_s == (3.0,)
+    with pytest.raises(ValueError, match="no trials"):
+        median_trial([])
+    report = MultiAgentReport((kept, _row("ideal", 4, 1.0, 2.0)))
+    assert MultiAgentReport.from_json(json.loads(json.dumps(report.to_json()))) == report
