@@ -187,7 +187,9 @@ def bench_multi_agent_cmd(
     root_tokens: int = typer.Option(4096, help="The shared root context's tokens."),
     decode: int = typer.Option(32, help="Tokens each agent generates."),
     threads: int = typer.Option(1, help="Torch threads per replica."),
-    repeats: int = typer.Option(1, help="Trials per (agents, system); the median makespan's is kept."),
+    repeats: int = typer.Option(
+        1, help="Trials per (agents, system), the systems taking turns; the median makespan's is kept."
+    ),
     systems: str = typer.Option("ours,ideal,dense,local,routed,holder", help="Systems to run; ours must be one."),
     memory: bool = typer.Option(
         True,
