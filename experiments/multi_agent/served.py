@@ -114,6 +114,13 @@ def main() -> None:
     args = served_args(__doc__, options)
     s = {**(QUICK if args.quick else FULL), "repeats": args.repeats}
     systems = tuple(dict.fromkeys(["ours", *(x for x in args.systems.split(",") if x)])) if args.systems else SYSTEMS
+    unknown = [x for x in systems if x not in SYSTEMS]
+    if unknown or args.repeats < 1:
+        raise SystemExit(
+            f"--systems takes any of {', '.join(SYSTEMS)} (got {', '.join(unknown)})"
+            if unknown
+            else f"--repeats must be at least 1, got {args.repeats}"
+        )
     say = progress(args.json)
     result = run(s, systems, say)
     sub = "served" if systems == SYSTEMS else "served-" + "-".join(systems)

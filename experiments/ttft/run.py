@@ -157,18 +157,34 @@ def main() -> None:
         args.models, args.contexts, args.repeats = "smollm2-135m", "256,1024", 1
     args.models = args.models or "qwen2-0.5b-shape,smollm2-135m"
     args.contexts = args.contexts or "1024,4096,8192,16384"
-    contexts = [int(c) for c in args.contexts.split(",")]
+    models, contexts = _models_and_contexts(args.models, args.contexts)
     if any(c < 16 for c in contexts) or args.suffix < 1 or args.repeats < 1:
         raise SystemExit("contexts must be at least 16 tokens, --suffix and --repeats at least 1")
     rows: list[dict[str, Any]] = []
-    for model in args.models.split(","):
+    for model in models:
         if not args.json:
             print(f"{model}: contexts {contexts}")
         rows += measure(model, contexts, args.suffix, args.repeats)
     write_csv(results / "ttft.csv", rows)
-    settings = {"models": args.models.split(","), "contexts": contexts, "suffix": args.suffix, "repeats": args.repeats}
+    settings = {"models": models, "contexts": contexts, "suffix": args.suffix, "repeats": args.repeats}
     write_meta(results if args.quick else HERE, **settings, quick=args.quick, backend="ucx", processes=2)
     _publish(rows, results, args.json)
+
+
+def _models_and_contexts(models: str, contexts: str) -> tuple[list[str], list[int]]:
+    """``--models`` and ``--contexts`` checked: known models, integer contexts (else one sentence)."""
+    from graphflow.models.registry import resolve
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    for name in names:
+        try:
+            resolve(name)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+    try:
+        return names, [int(c) for c in contexts.split(",") if c.strip()]
+    except ValueError:
+        raise SystemExit(f"--contexts takes comma-separated token counts, got {contexts!r}") from None
 
 
 def _served(args: argparse.Namespace) -> None:
@@ -176,8 +192,7 @@ def _served(args: argparse.Namespace) -> None:
 
     from experiments.ttft.served import served_rows
 
-    models = (args.models or "smollm2-135m").split(",")
-    contexts = [int(c) for c in (args.contexts or "1024,4096").split(",")]
+    models, contexts = _models_and_contexts(args.models or "smollm2-135m", args.contexts or "1024,4096")
     threads = args.threads or torch.get_num_threads()
     if args.repeats < 1 or args.suffix < 1 or any(c < 16 for c in contexts):
         raise SystemExit("--served takes contexts of at least 16 tokens, --suffix and --repeats ≥ 1")
