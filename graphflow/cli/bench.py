@@ -220,14 +220,10 @@ def bench_multi_agent_cmd(
     if json_out:
         emit(result.to_json())
         return
+    columns = ["agents", "system", "root prefill s", "agents s", "makespan s", "bytes moved", "decisions"]
     table = Table(
-        "agents",
-        "system",
-        "root prefill s",
-        "agents s",
-        "makespan s",
-        "bytes moved",
-        "decisions",
+        *columns,
+        *(["every repeat's makespan s"] if repeats > 1 else []),
         title=f"bench multi-agent: {model}, {root_tokens}-token root",
     )
     for r in result.rows:
@@ -239,6 +235,7 @@ def bench_multi_agent_cmd(
             f"{r.makespan_s:.2f}",
             f"{r.bytes_moved:,}",
             json.dumps(r.decisions),
+            *([" / ".join(f"{m:.2f}" for m in r.makespans_s)] if repeats > 1 else []),
         )
     out.print(table)
     ratios = {
