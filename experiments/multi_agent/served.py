@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import progress, publish_served, served_args
-from graphflow.bench.multi_agent import SYSTEMS, MultiAgentReport, run_multi_agent_bench
+from graphflow.bench.multi_agent import SYSTEMS, MultiAgentReport, check_request, run_multi_agent_bench
 
 HERE = Path(__file__).parent
 FULL = {
@@ -114,13 +114,10 @@ def main() -> None:
     args = served_args(__doc__, options)
     s = {**(QUICK if args.quick else FULL), "repeats": args.repeats}
     systems = tuple(dict.fromkeys(["ours", *(x for x in args.systems.split(",") if x)])) if args.systems else SYSTEMS
-    unknown = [x for x in systems if x not in SYSTEMS]
-    if unknown or args.repeats < 1:
-        raise SystemExit(
-            f"--systems takes any of {', '.join(SYSTEMS)} (got {', '.join(unknown)})"
-            if unknown
-            else f"--repeats must be at least 1, got {args.repeats}"
-        )
+    try:
+        check_request(s["agents"], s["root_tokens"], s["decode"], s["repeats"], systems)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     say = progress(args.json)
     result = run(s, systems, say)
     sub = "served" if systems == SYSTEMS else "served-" + "-".join(systems)

@@ -173,18 +173,16 @@ def main() -> None:
 
 def _models_and_contexts(models: str, contexts: str) -> tuple[list[str], list[int]]:
     """``--models`` and ``--contexts`` checked: known models, integer contexts (else one sentence)."""
+    from graphflow.cli._common import ints, names
     from graphflow.models.registry import resolve
 
-    names = [m.strip() for m in models.split(",") if m.strip()]
-    for name in names:
-        try:
-            resolve(name)
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
     try:
-        return names, [int(c) for c in contexts.split(",") if c.strip()]
-    except ValueError:
-        raise SystemExit(f"--contexts takes comma-separated token counts, got {contexts!r}") from None
+        listed = names(models)
+        for name in listed:
+            resolve(name)
+        return listed, ints(contexts, "--contexts")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def _served(args: argparse.Namespace) -> None:

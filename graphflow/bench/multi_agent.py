@@ -39,7 +39,14 @@ from graphflow.bench.served import PinnedAgent
 from graphflow.bench.systems import PREFIX_CACHING, lowest_per_key, run_as
 from graphflow.client import Client, connect, new_run_id
 
-__all__ = ["MultiAgentBench", "MultiAgentReport", "MultiAgentRow", "median_trial", "run_multi_agent_bench"]
+__all__ = [
+    "MultiAgentBench",
+    "MultiAgentReport",
+    "MultiAgentRow",
+    "check_request",
+    "median_trial",
+    "run_multi_agent_bench",
+]
 
 SYSTEMS = ("ours", "ideal", "dense", *PREFIX_CACHING)
 
@@ -189,6 +196,15 @@ class MultiAgentReport:
         }
 
 
+def check_request(agents: Sequence[int], root_tokens: int, decode: int, repeats: int, systems: Sequence[str]) -> None:
+    """Raise ``ValueError`` (one sentence) for settings :func:`run_multi_agent_bench` cannot run."""
+    if not agents or min(agents) < 1 or min(root_tokens, decode, repeats) < 1:
+        raise ValueError("--agents, --root-tokens, --decode and --repeats must all be at least 1")
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or "ours" not in systems:
+        raise ValueError(f"--systems takes ours plus any of {', '.join(SYSTEMS[1:])}; got {', '.join(systems)}")
+
+
 def run_multi_agent_bench(
     model: str,
     agents: Sequence[int],
@@ -210,11 +226,7 @@ def run_multi_agent_bench(
     fresh pages (a 4K-token SmolLM2 root took ~0.6 s to receive so against ~0.05 s into recycled
     buffers) while the baselines, which never receive, pay nothing for it. Timing runs without it
     measure the replicas as they serve in steady state."""
-    if not agents or min(agents) < 1 or min(root_tokens, decode, repeats) < 1:
-        raise ValueError("--agents, --root-tokens, --decode and --repeats must all be at least 1")
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown or "ours" not in systems:
-        raise ValueError(f"--systems takes ours plus any of {', '.join(SYSTEMS[1:])}; got {', '.join(systems)}")
+    check_request(agents, root_tokens, decode, repeats, systems)
     say(f"starting 2 replicas of {model}")
     client = connect(model=model, replicas=2, decode_steps=decode, threads=threads, capacity_mib=2048)
     bench = MultiAgentBench(client, say, memory)
