@@ -140,9 +140,11 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def replace_section(readme: Path, name: str, body: str) -> None:
+def replace_section(readme: Path, name: str, body: str, heading: str = "") -> None:
     """Replace the text between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` (with a line
-    saying so under ``body`` when the run was allowed to start from a dirty tree)."""
+    saying so under ``body`` when the run was allowed to start from a dirty tree). Where the
+    README has no such section, ``heading`` starts a new one at its end (a study run with
+    settings of its own); without a heading that is an error."""
     if _RUN["dirty_allowed"]:
         body += (
             f"\n\n> **Dirty tree**: generated with `--allow-dirty` from {STARTED_AT['git_sha'][:10]} plus "
@@ -150,6 +152,8 @@ def replace_section(readme: Path, name: str, body: str) -> None:
         )
     text = readme.read_text()
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    if begin not in text and heading:
+        text = f"{text.rstrip()}\n\n{heading}\n\n{begin}\n{end}\n"
     if begin not in text:
         raise ValueError(f"{readme} has no {begin} marker")
     head, rest = text.split(begin, 1)
@@ -191,7 +195,8 @@ def publish_served(
 ) -> None:
     """A served study's outputs: ``results/<sub>/<name>.json`` and ``meta.json`` (under
     ``out/quick-<sub>/`` for ``--quick``), the README's ``<sub>`` section from ``table`` (full
-    runs only), then the table or the JSON on stdout."""
+    runs only; a section the README lacks is added at its end, headed by the folder and the
+    command), then the table or the JSON on stdout."""
     folder = output_dir(here, quick, sub)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.json").write_text(json.dumps(result, indent=2))
@@ -202,7 +207,9 @@ def publish_served(
         **{k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()},
     )
     if not quick:
-        replace_section(here / "README.md", sub, table)
+        command = " ".join(["python -m", module, *sys.argv[1:]])
+        heading = f"### `results/{sub}/`\n\n`{command}`, at {STARTED_AT['git_sha'][:7]}."
+        replace_section(here / "README.md", sub, table, heading)
     print(json.dumps(result) if as_json else table)
 
 

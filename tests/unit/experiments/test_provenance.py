@@ -61,3 +61,21 @@ def test_meta_names_the_cpu_and_the_features_that_move_matmul_speed(tmp_path):
     )
     assert common.cpu_info(str(info)) == {"cpu_model": "Some Xeon", "cpu_features": ["avx2", "avx512f", "amx_bf16"]}
     assert common.cpu_info(str(tmp_path / "missing")) == {}
+
+
+def test_a_served_run_of_settings_the_readme_has_no_section_for_adds_one(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(common.STARTED_AT, "git_dirty", False)
+    monkeypatch.setitem(common.STARTED_AT, "git_sha", "9d95b8e49bfa")
+    monkeypatch.setitem(common._RUN, "dirty_allowed", False)
+    monkeypatch.setattr(common.sys, "argv", ["served.py", "--systems", "ours,holder"])
+    study = tmp_path / "multi_agent"
+    study.mkdir()
+    (study / "README.md").write_text("# study\n\n<!-- BEGIN served -->\nfull\n<!-- END served -->\n")
+    for table in ("| first |", "| second |"):
+        common.publish_served(study, "bench", {"rows": []}, {"k": 1}, table, False, True, "served-ours-holder")
+    text = (study / "README.md").read_text()
+    assert text.count("<!-- BEGIN served-ours-holder -->") == 1 and "| second |" in text and "| first |" not in text
+    assert "full" in text and "`python -m experiments.multi_agent.served --systems ours,holder`, at 9d95b8e." in text
+    assert json.loads((study / "results" / "served-ours-holder" / "bench.json").read_text()) == {"rows": []}
+    with pytest.raises(ValueError, match="no <!-- BEGIN other --> marker"):
+        common.replace_section(study / "README.md", "other", "body")
