@@ -126,9 +126,9 @@ def decode_samples(
 ) -> list[tuple[int, int, float]]:
     """``(rows, context, seconds)`` of one decode step of ``rows`` requests continuing one shared
     ``context``-token prefix held in ``block_tokens``-token blocks (:func:`random_kv_blocks`),
-    each row with a room of its own, through the ragged forward the engine loop runs (agents over one root decode this
-    way), padded as the loop pads (``padding``, its measured plan); the median of ``steps``
-    steps after one untimed."""
+    each row with a room of its own, through the ragged forward the engine loop runs (agents
+    over one root decode this way), padded as the loop pads (``padding``, its measured plan);
+    the median of ``steps`` steps after one untimed."""
     prefixes: dict[int, SharedPrefix] = {}
     out = []
     for rows, context in points:
