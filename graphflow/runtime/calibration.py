@@ -78,15 +78,17 @@ def prefill_samples(engine: Engine, lengths: Sequence[int], repeats: int = 2) ->
 
 
 def random_kv_blocks(engine: Engine, n: int, block_tokens: int = 16, seed: int = 0) -> list[KVBlock]:
-    """A chain of blocks for ``n`` prompt tokens laid out as ``engine``'s KV, in its dtype, with
-    values drawn from a standard normal (seeded) instead of a prefill: for timing operations whose
-    cost does not depend on the values (see the module docstring)."""
+    """A chain of blocks for ``n`` prompt tokens laid out as ``engine``'s KV, in its dtype and on
+    its device (as a prefill's blocks would be), with values drawn from a standard normal (seeded)
+    instead of a prefill: for timing operations whose cost does not depend on the values (see
+    the module docstring)."""
     if n < 1:
         raise ValueError(f"random KV blocks need at least one token, got {n}")
     ids = prompt_token_ids(engine.tokenizer, n)
     dtype = next(engine.model.parameters()).dtype
     kv = torch.randn(engine.identity.layout.block_shape(n), generator=torch.Generator().manual_seed(seed))
-    return cache_to_blocks(cache_from_tensor(kv.to(dtype), engine.config), ids, engine.identity, block_tokens)
+    cache = cache_from_tensor(kv.to(dtype), engine.config, engine.device)  # NOTE: where a prefill's would be
+    return cache_to_blocks(cache, ids, engine.identity, block_tokens)
 
 
 def resume_samples(

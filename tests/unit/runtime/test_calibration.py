@@ -29,6 +29,7 @@ def test_random_kv_blocks_chain_the_prompt_tokens_in_the_models_layout(tiny_engi
     assert [b.tensor.shape for b in blocks] == [layout.block_shape(t) for t in (16, 16, 8)]
     assert [t for b in blocks for t in b.token_ids] == prompt_token_ids(tiny_engine.tokenizer, 40)
     assert blocks[0].tensor.dtype == next(tiny_engine.model.parameters()).dtype
+    assert blocks[0].tensor.device.type == torch.device(tiny_engine.device).type  # where a prefill's would be
     cache = blocks_to_cache(blocks, tiny_engine.identity, tiny_engine.config)  # a valid chain: checksums hold
     assert cache.get_seq_length() == 40
     again = random_kv_blocks(tiny_engine, 40, block_tokens=16)
