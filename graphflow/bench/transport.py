@@ -39,14 +39,20 @@ _UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "m
 
 
 def parse_size(text: str) -> int:
-    """``"16MiB"`` → 16777216; plain integers are bytes."""
+    """``"16MiB"`` → 16777216; plain integers are bytes. A size under one byte is refused."""
     t = text.strip().lower()
+    size = None
     for unit in sorted(_UNITS, key=len, reverse=True):
         if t.endswith(unit) and t[: -len(unit)].strip().replace(".", "", 1).isdigit():
-            return int(float(t[: -len(unit)]) * _UNITS[unit])
-    if t.isdigit():
-        return int(t)
-    raise ValueError(f"cannot read size {text!r}; use bytes or a unit like 1MiB, 64MiB, 1GiB")
+            size = int(float(t[: -len(unit)]) * _UNITS[unit])
+            break
+    if size is None and t.isdigit():
+        size = int(t)
+    if size is None:
+        raise ValueError(f"cannot read size {text!r}; use bytes or a unit like 1MiB, 64MiB, 1GiB")
+    if size < 1:
+        raise ValueError(f"size {text!r} is under one byte; give sizes of at least 1 byte, e.g. 1MiB")
+    return size
 
 
 def _timed(plan: BenchPlan, step: Callable[[], None]) -> list[float]:

@@ -50,6 +50,14 @@ class BenchPlan:
     warmup: int = 2
     repeats: int = 3
 
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            raise ValueError("no sizes to measure; pass --sizes, e.g. 1MiB,64MiB")
+        if self.iters < 1 or self.repeats < 1:
+            raise ValueError(f"--iters and --repeats must be at least 1, got {self.iters} and {self.repeats}")
+        if self.warmup < 0:
+            raise ValueError(f"warm-up transfers must be non-negative, got {self.warmup}")
+
     def args(self) -> list[str]:
         """The plan as the two-process entry points take it (``harness.pair``, ``bench.peers``)."""
         return [

@@ -1,6 +1,7 @@
 import statistics
 
 import numpy as np
+import pytest
 
 from graphflow.bench.transport import bench_transport
 from graphflow.bench.transport_pair import BenchPlan, _bare_cut
@@ -25,3 +26,12 @@ def test_bare_cut_follows_the_wire_messages():
     assert [(seq, len(v)) for seq, v in msgs] == [(16, 6 << 20), (17, 4 << 20)]
     assert [[len(b) for b in m] for m in blocks] == [[3 << 20, 3 << 20], [3 << 20, 1 << 20]]
     assert bytes(blocks[1][1]) == buf[9 << 20 :].tobytes()
+
+
+def test_a_plan_that_would_measure_nothing_is_refused():
+    with pytest.raises(ValueError, match="no sizes"):
+        BenchPlan(sizes=[])
+    with pytest.raises(ValueError, match="at least 1"):
+        BenchPlan(sizes=[1 << 16], iters=0)
+    with pytest.raises(ValueError, match="at least 1"):
+        BenchPlan(sizes=[1 << 16], repeats=0)

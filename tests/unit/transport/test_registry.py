@@ -22,3 +22,7 @@ def test_parse_size():
     assert parse_size("4096") == 4096
     with pytest.raises(ValueError, match="cannot read size"):
         parse_size("lots")
+    with pytest.raises(ValueError, match="under one byte"):
+        parse_size("0")
+    with pytest.raises(ValueError, match="under one byte"):
+        parse_size("0.1b")
