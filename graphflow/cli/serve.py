@@ -110,7 +110,8 @@ def serve(
     from graphflow.models.fetch import cache_root
     from graphflow.models.registry import resolve
     from graphflow.runtime.actors import RayCluster
-    from graphflow.runtime.cluster import connect, start_head, wait_for_nodes
+    from graphflow.runtime.cluster import connect, start_head, stop_head, wait_for_nodes
+    from graphflow.runtime.cluster import shutdown as disconnect
     from graphflow.runtime.deployment import Deployment, gpus_for
 
     resolve(model)
@@ -136,24 +137,26 @@ def serve(
         templates,
         recompute_fraction,
     )  # checks input, one sentence per mistake
-    if address:
-        ray = connect(address)
-        head = address
-    else:
-        head = start_head()
-        ray = connect("auto")
-    if min_nodes:
-        wait_for_nodes(ray, min_nodes, say=say)
-    say(f"starting {replicas} replicas of {model}")
-    snapshots = snapshot_dir or str(cache_root() / "manager-snapshot")
-    cluster = RayCluster.start(ray, want, detached=True, snapshot_dir=snapshots, replace_existing=replace)
-    previous = None if recalibrate else cluster.shared(CALIBRATION_KEY)
-    say(
-        "measuring prefill, decode-step and replica-to-replica transfer costs for the scheduler"
-        + (" (what changed since the deployment's last calibration)" if previous is not None else "")
-    )
-    calibration = calibrate_cluster(cluster, previous)
-    cluster.share(CALIBRATION_KEY, calibration)
+    head = address or start_head()
+    try:
+        ray = connect(address or "auto")
+        if min_nodes:
+            wait_for_nodes(ray, min_nodes, say=say)
+        say(f"starting {replicas} replicas of {model}")
+        snapshots = snapshot_dir or str(cache_root() / "manager-snapshot")
+        cluster = RayCluster.start(ray, want, detached=True, snapshot_dir=snapshots, replace_existing=replace)
+        previous = None if recalibrate else cluster.shared(CALIBRATION_KEY)
+        say(
+            "measuring prefill, decode-step and replica-to-replica transfer costs for the scheduler"
+            + (" (what changed since the deployment's last calibration)" if previous is not None else "")
+        )
+        calibration = calibrate_cluster(cluster, previous)
+        cluster.share(CALIBRATION_KEY, calibration)
+    except BaseException:
+        if not address:  # NOTE: the head this call started serves nothing: leave no Ray behind
+            disconnect()  # NOTE: first, or the driver prints the dying head's logs after the error
+            stop_head()
+        raise
     info = {
         "address": head,
         "client_address": client_address(head),

@@ -21,7 +21,7 @@ import ray
 
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
-from graphflow.runtime.deployment import TRANSPORTS, Deployment
+from graphflow.runtime.deployment import TRANSPORTS, Deployment, gpu_shortfall
 from graphflow.runtime.errors import Unavailable, load_or_why
 from graphflow.runtime.replica import ReplicaWorker
 from graphflow.runtime.replica_config import ReplicaConfig
@@ -37,6 +37,7 @@ __all__ = [
     "RayCluster",
     "ReplicaActor",
     "call_worker",
+    "node_gpus",
     "on_node",
     "replica_name",
     "spread_nodes",
@@ -112,6 +113,12 @@ def spread_nodes(ray: Any) -> list[str]:
         return ("node:__internal_head__" not in n.get("Resources", {}), ip, n["NodeID"])
 
     return [n["NodeID"] for n in sorted(alive, key=key)]
+
+
+def node_gpus(ray: Any, nodes: list[str]) -> list[float]:
+    """The GPUs Ray reports on each of ``nodes`` (ids), in that order."""
+    have = {n["NodeID"]: float(n.get("Resources", {}).get("GPU", 0.0)) for n in ray.nodes() if n.get("Alive")}
+    return [have.get(n, 0.0) for n in nodes]
 
 
 def on_node(node_id: str) -> Any:
@@ -214,6 +221,9 @@ class RayCluster:
             time.sleep(1.0)  # NOTE: let Ray release the actors' names before they are created again
         life = {"lifetime": "detached"} if detached else {}
         nodes = spread_nodes(ray) if want.spread else []
+        short = gpu_shortfall(want, node_gpus(ray, nodes or spread_nodes(ray)))
+        if short:
+            raise ValueError(short)
         head = {"scheduling_strategy": on_node(nodes[0])} if nodes else {}
         manager = (
             ray.remote(KVStateManager)

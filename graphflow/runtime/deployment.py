@@ -10,7 +10,7 @@ from graphflow.kv.differential.template_kv import kv_mode as kv_mode_of
 from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.workflow.templates import template_set
 
-__all__ = ["TRANSPORTS", "Deployment", "gpus_for"]
+__all__ = ["TRANSPORTS", "Deployment", "gpu_shortfall", "gpus_for"]
 
 TRANSPORTS = ("ucx", "ray")  # how served replicas move KV between each other
 
@@ -21,6 +21,41 @@ def gpus_for(device: str, asked: float | None) -> float:
     if asked is not None:
         return asked
     return 1.0 if device.startswith("cuda") else 0.0
+
+
+def gpu_shortfall(want: Deployment, node_gpus: list[float]) -> str:
+    """Why Ray could never place ``want``'s replicas on nodes with ``node_gpus`` GPUs each (in
+    ``spread`` order), as one sentence; ``""`` when it could. Ray keeps an actor it cannot place
+    pending without end, so ``serve --device cuda`` on a host with no GPU would wait forever.
+    A replica takes ``gpus_per_replica`` of one node's GPUs (a fraction shares a GPU)."""
+    need = want.gpus_per_replica
+    if need <= 0:
+        return ""
+    fits = [_replicas_on(gpus, need) for gpus in node_gpus]
+    if want.spread and node_gpus:
+        counts = [len(range(i, want.replicas, len(node_gpus))) for i in range(len(node_gpus))]
+        short = sum(max(0, c - f) for c, f in zip(counts, fits, strict=True))
+    else:
+        short = max(0, want.replicas - sum(fits))
+    if not short:
+        return ""
+    return (
+        f"{_count(want.replicas, 'replica')} on {want.device} take {need:g} GPU each, but this Ray cluster's GPUs "
+        f"total {sum(node_gpus):g} over {_count(len(node_gpus), 'node')} "
+        f"({_count(short, 'replica')} could never start); start Ray on nodes with GPUs, "
+        "lower --gpus-per-replica or --replicas, or serve with --device cpu"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _replicas_on(gpus: float, need: float) -> int:
+    """Replicas of ``need`` GPUs one node of ``gpus`` GPUs holds (fractions pack within a GPU)."""
+    if need < 1:
+        return int(gpus + 1e-9) * int(1 / need + 1e-9)
+    return int(gpus / need + 1e-9)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from graphflow.runtime.deployment import Deployment, gpus_for
+from graphflow.runtime.deployment import Deployment, gpu_shortfall, gpus_for
 
 
 def test_a_cuda_replica_gets_one_gpu_unless_asked_otherwise():
@@ -38,3 +40,19 @@ def test_bad_settings_are_refused_with_what_to_change(settings, says):
 def test_describe_names_what_runs():
     text = Deployment("tiny-llama", 2, threads=1).describe()
     assert text.startswith("2 × tiny-llama (exact KV") and "1 threads" in text and "ucx" in text
+
+
+def test_replicas_that_no_node_has_gpus_for_are_refused_before_anything_starts():
+    cuda = Deployment("tiny-llama", 2, device="cuda", gpus_per_replica=1.0)
+    assert "could never start" in gpu_shortfall(cuda, [0.0])  # a CPU-only host: Ray would wait forever
+    assert "--device cpu" in gpu_shortfall(cuda, [0.0])
+    assert gpu_shortfall(cuda, [2.0]) == ""
+    assert gpu_shortfall(cuda, [1.0, 1.0]) == ""  # Ray places them on either node
+    assert "(1 replica could never start)" in gpu_shortfall(cuda, [1.0])
+    half = replace(cuda, replicas=4, gpus_per_replica=0.5)
+    assert gpu_shortfall(half, [2.0]) == ""  # two replicas share each GPU
+    assert gpu_shortfall(replace(half, replicas=5), [2.0]) != ""
+    spread = replace(cuda, replicas=3, spread=True)  # node i mod 2: two on the first node
+    assert gpu_shortfall(spread, [2.0, 1.0]) == ""
+    assert "(1 replica could never start)" in gpu_shortfall(spread, [1.0, 2.0])
+    assert gpu_shortfall(Deployment("tiny-llama", 2), [0.0]) == ""  # cpu replicas take no GPU
