@@ -85,6 +85,10 @@ class Deployment:
             raise ValueError(f"--recompute-fraction must lie in [0, 1], got {self.recompute_fraction}")
         if self.replicas <= 0:
             raise ValueError(f"need at least one replica, got {self.replicas}")
+        if self.capacity_bytes <= 0:
+            raise ValueError(
+                f"a replica's KV store needs room: give --capacity-mib of at least 1, got {self.capacity_bytes} bytes"
+            )
         if self.transport not in TRANSPORTS:
             raise ValueError(
                 f"unknown transport {self.transport!r} for served replicas; use one of {', '.join(TRANSPORTS)}"

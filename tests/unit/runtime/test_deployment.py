@@ -56,3 +56,9 @@ def test_replicas_that_no_node_has_gpus_for_are_refused_before_anything_starts()
     assert gpu_shortfall(spread, [2.0, 1.0]) == ""
     assert "(1 replica could never start)" in gpu_shortfall(spread, [1.0, 2.0])
     assert gpu_shortfall(Deployment("tiny-llama", 2), [0.0]) == ""  # cpu replicas take no GPU
+
+
+@pytest.mark.parametrize("mib", [0, -1])
+def test_a_replica_store_without_room_is_refused(mib):
+    with pytest.raises(ValueError, match="capacity-mib of at least 1"):
+        Deployment("tiny-llama", 1, capacity_bytes=mib << 20)
