@@ -258,6 +258,8 @@ def connect(
     An attached client uses the calibration ``graphflow serve`` measured and shared, unless
     there is none, it was measured for another model, or ``recalibrate`` asks for a new one.
     """
+    if decode_steps < 0:
+        raise ValueError(f"decode steps (--decode: tokens after a node's first) must be 0 or more, got {decode_steps}")
     from graphflow.runtime.actors import RayCluster
     from graphflow.runtime.cluster import connect as ray_connect
     from graphflow.runtime.cluster import start_local

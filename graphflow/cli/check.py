@@ -163,7 +163,7 @@ def check_e2e(
     replicas: int = typer.Option(2, help="Replica actors."),
     branches: int = typer.Option(4, help="Parallel branches of the workflow."),
     model: str = typer.Option("tiny-llama", help="Registry name."),
-    decode: int = typer.Option(8, help="Tokens each node generates."),
+    decode: int = typer.Option(8, help="Tokens each node generates after its first (decode steps)."),
     context_repeats: int = typer.Option(24, help="Task context length, in repeats of a ~180-char problem."),
     transport: str = typer.Option("ucx", help="How the replicas move KV: ucx or ray."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),

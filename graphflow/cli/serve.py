@@ -199,7 +199,7 @@ def submit(
     task: str = typer.Option(..., help="The task's text."),
     address: str = typer.Option(..., help="Ray client address of a `graphflow serve` deployment (ray://host:10001)."),
     model: str = typer.Option("", help="Model the task is meant for ('' = whatever is served)."),
-    decode: int = typer.Option(16, help="Tokens each node generates."),
+    decode: int = typer.Option(16, help="Tokens each node generates after its first (decode steps)."),
     no_reuse: bool = typer.Option(False, "--no-reuse", help="Turn every KV reuse and transfer off."),
     recalibrate: bool = typer.Option(
         False, "--recalibrate", help="Re-measure costs instead of using the ones `serve` measured."
@@ -307,7 +307,7 @@ def demo(
     model: str = typer.Option("smollm2-135m", help="Model the replicas serve."),
     replicas: int = typer.Option(2, help="Replica actors."),
     tasks: int = typer.Option(2, help="Real tasks from the shared data to run."),
-    decode: int = typer.Option(24, help="Tokens each node generates."),
+    decode: int = typer.Option(24, help="Tokens each node generates after its first (decode steps)."),
     branches: int = typer.Option(3, help="Parallel branches of the extra fan-out run (with 2+ replicas)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:

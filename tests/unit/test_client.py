@@ -48,3 +48,10 @@ def test_clear_kv_keeps_a_state_a_ready_node_needs(client):
     finally:
         w.end_run("needed")
         w.clear_kv()
+
+
+def test_negative_decode_steps_are_refused_before_anything_starts():
+    from graphflow.client import connect
+
+    with pytest.raises(ValueError, match="must be 0 or more"):
+        connect(decode_steps=-3)  # NOTE: refused before Ray is started or attached to
