@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from graphflow.runtime.executor import WorkflowExecutor
@@ -243,6 +243,7 @@ def connect(
     templates: str = "short",
     recompute_fraction: float = 0.0,
     gpus_per_replica: float | None = None,
+    memory_price: float = 0.0,
 ) -> Client:
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
@@ -254,6 +255,9 @@ def connect(
     replica's nodes share forward passes of ``max_batch_tokens``) or not; an attached deployment
     keeps what it was served with, and an embedded one of other settings in this process is
     replaced). Workflows are compiled with the deployment's ``templates`` (short or detailed).
+    Placement charges ``memory_price`` seconds per GiB of KV a decision adds to a replica (the
+    policy's λ; 0: time only), so a copy of a context is made only where it saves more than that;
+    an attached client uses the price the deployment was served with.
 
     An attached client uses the calibration ``graphflow serve`` measured and shared, unless
     there is none, it was measured for another model, or ``recalibrate`` asks for a new one.
@@ -282,6 +286,7 @@ def connect(
             max_batch_tokens=max_batch_tokens,
             templates=templates,
             recompute_fraction=recompute_fraction,
+            memory_price=memory_price,
         )
         cluster = RayCluster.start(ray, want, replace_existing=True)
         calibration = calibrate_cluster(cluster)
@@ -296,9 +301,10 @@ def connect(
             calibration = calibrate_cluster(cluster)
             cluster.share(CALIBRATION_KEY, calibration)
     served = cluster.deployment()
+    lam = served.lam_s_per_byte() if served is not None else 0.0
     executor = WorkflowExecutor(
         cluster,
-        calibration.policy,
+        replace(calibration.policy, lam_s_per_byte=lam),
         calibration.links,
         calibration.kv_bytes_per_token,
         calibration.model_key,

@@ -137,6 +137,7 @@ class MultiAgentReport:
     rows: tuple[MultiAgentRow, ...]
     threads: int = 0  # torch threads per replica
     transport: str = ""
+    memory_price: float = 0.0  # seconds per GiB of new KV the deployment's placement charged
 
     def _over_ours(self, system: str, part: Callable[[MultiAgentRow], float]) -> dict[int, float]:
         by = {(r.agents, r.system): r for r in self.rows}
@@ -180,7 +181,7 @@ class MultiAgentReport:
         """A report back from its :meth:`to_json` (a study's committed JSON); the ratios are
         derived again from the rows."""
         rows = tuple(MultiAgentRow(**{**r, "makespans_s": tuple(r.get("makespans_s", ()))}) for r in obj["rows"])
-        return cls(rows, obj.get("threads", 0), obj.get("transport", ""))
+        return cls(rows, obj.get("threads", 0), obj.get("transport", ""), obj.get("memory_price_s_per_gib", 0.0))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -193,6 +194,7 @@ class MultiAgentReport:
             "memory_over_dense": self.memory_over_dense,
             "threads": self.threads,
             "transport": self.transport,
+            "memory_price_s_per_gib": self.memory_price,
         }
 
 
@@ -215,6 +217,7 @@ def run_multi_agent_bench(
     say: Callable[[str], None] = lambda _m: None,
     systems: Sequence[str] = SYSTEMS,
     memory: bool = True,
+    memory_price: float = 0.0,
 ) -> MultiAgentReport:
     """Every system at every k on one fresh two-replica embedded deployment (after a warm-up
     trial of ours at k = 2 and full size); with ``repeats`` > 1 the systems take turns ``repeats`` times per k and
@@ -225,10 +228,14 @@ def run_multi_agent_bench(
     trial, the receive buffers a replica recycles included, so every trial's transfer lands in
     fresh pages (a 4K-token SmolLM2 root took ~0.6 s to receive so against ~0.05 s into recycled
     buffers) while the baselines, which never receive, pay nothing for it. Timing runs without it
-    measure the replicas as they serve in steady state."""
+    measure the replicas as they serve in steady state. ``memory_price``: the deployment's (see
+    :func:`graphflow.client.connect`); it prices the placements of every system the scheduler
+    places (ours, routed)."""
     check_request(agents, root_tokens, decode, repeats, systems)
     say(f"starting 2 replicas of {model}")
-    client = connect(model=model, replicas=2, decode_steps=decode, threads=threads, capacity_mib=2048)
+    client = connect(
+        model=model, replicas=2, decode_steps=decode, threads=threads, capacity_mib=2048, memory_price=memory_price
+    )
     bench = MultiAgentBench(client, say, memory)
     # NOTE: a warm-up at full size: both replicas have run a node and one has received a whole root,
     # so a steady-state run's receives land in recycled buffers (as `graphflow serve`'s prefaulted pool)
@@ -242,4 +249,4 @@ def run_multi_agent_bench(
                 tries[system].append(bench.trial(system, k, root_tokens))
         rows += [median_trial(tries[system]) for system in systems]
     first = client.status()[0]
-    return MultiAgentReport(tuple(rows), first.threads, first.transport)
+    return MultiAgentReport(tuple(rows), first.threads, first.transport, memory_price)

@@ -197,6 +197,9 @@ def bench_multi_agent_cmd(
         help="Measure each trial's peak memory growth (hands freed memory, recycled receive buffers "
         "included, back to the OS before each trial; --no-memory times the replicas in steady state).",
     ),
+    memory_price: float = typer.Option(
+        0.0, help="The deployment's memory price: seconds placement charges per GiB of KV a decision adds (serve's)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """k agents over one root through the served path (embedded Ray, two replicas): ours, an
@@ -216,6 +219,7 @@ def bench_multi_agent_cmd(
         say=say,
         systems=names(systems),
         memory=memory,
+        memory_price=memory_price,
     )
     if json_out:
         emit(result.to_json())
@@ -224,7 +228,8 @@ def bench_multi_agent_cmd(
     table = Table(
         *columns,
         *(["every repeat's makespan s"] if repeats > 1 else []),
-        title=f"bench multi-agent: {model}, {root_tokens}-token root",
+        title=f"bench multi-agent: {model}, {root_tokens}-token root"
+        + (f", memory priced {memory_price:g} s/GiB" if memory_price else ""),
     )
     for r in result.rows:
         table.add_row(

@@ -88,6 +88,11 @@ def serve(
     max_batch_tokens: int = typer.Option(
         MAX_BATCH_TOKENS, help="Tokens one engine step runs per replica: every decode plus pending prefill chunks."
     ),
+    memory_price: float = typer.Option(
+        0.0,
+        help="Seconds placement charges per GiB of KV a decision adds to a replica: a context is copied to "
+        "another replica only where that saves more (0 = time only).",
+    ),
     replace: bool = typer.Option(
         False, "--replace", help="Shut down a running deployment of other settings instead of refusing."
     ),
@@ -136,6 +141,7 @@ def serve(
         max_batch_tokens,
         templates,
         recompute_fraction,
+        memory_price,
     )  # checks input, one sentence per mistake
     head = address or start_head()
     try:
@@ -170,6 +176,7 @@ def serve(
         "device": device,
         "batching": not no_batching,
         "max_batch_tokens": max_batch_tokens if not no_batching else 0,
+        "memory_price_s_per_gib": memory_price,
         "measured": list(calibration.measured_now),  # "costs" and "src>dst" pairs this call measured
         "links": [
             {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}

@@ -77,6 +77,7 @@ class Deployment:
     max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens per engine step (decodes + prefill chunks)
     templates: str = "short"  # the operation templates clients compile workflows with (short | detailed)
     recompute_fraction: float = 0.0  # differential: at least this fraction of each template recomputed
+    memory_price: float = 0.0  # seconds placement charges per GiB of KV a decision adds to a replica (0: time only)
 
     def __post_init__(self) -> None:
         if self.recompute_head < 0:
@@ -106,6 +107,10 @@ class Deployment:
                 f"--max-batch-tokens must exceed {BATCH_ROWS} (a step holds every running decode), "
                 f"got {self.max_batch_tokens}"
             )
+        if not 0 <= self.memory_price < float("inf"):
+            raise ValueError(
+                f"--memory-price must be a finite number of seconds per GiB, 0 or more, got {self.memory_price}"
+            )
         kv_mode_of(self.kv_mode)  # a clear error here rather than from inside every actor
         template_set(self.templates)
 
@@ -113,8 +118,13 @@ class Deployment:
         threads = f"{self.threads} threads" if self.threads else "all cores"
         spread = ", spread over nodes" if self.spread else ""
         batching = f"batching {self.max_batch_tokens} tokens/step" if self.batching else "no batching"
+        price = f", memory priced {self.memory_price:g} s/GiB" if self.memory_price else ""
         return (
             f"{self.replicas} × {self.model} ({self.kv_mode} KV, {self.capacity_bytes >> 20} MiB each, "
             f"{self.prefault_bytes >> 20} MiB prefaulted, {self.transport}, {self.device}, {threads}, "
-            f"{batching}{spread}, {self.templates} templates)"
+            f"{batching}{spread}, {self.templates} templates{price})"
         )
+
+    def lam_s_per_byte(self) -> float:
+        """The placement's memory term λ (seconds per byte of new KV) this deployment's price sets."""
+        return self.memory_price / (1 << 30)

@@ -28,8 +28,12 @@ def test_serve_submit_status_shutdown(tmp_path):
         said = gpus.stderr.strip().splitlines()[-1]
         assert gpus.returncode == 2 and "could never start" in said and "--device cpu" in said, gpus.stderr[-2000:]
         served = _last_json(
-            _cli("serve", "--model", "tiny-llama", "--replicas", "2", "--kv-mode", "differential", "--detach", "--json")
+            _cli(
+                *("serve", "--model", "tiny-llama", "--replicas", "2", "--kv-mode", "differential"),
+                *("--memory-price", "0.5", "--detach", "--json"),
+            )
         )
+        assert served["memory_price_s_per_gib"] == 0.5
         assert served["replicas"] == ["graphflow-replica-0", "graphflow-replica-1"]
         pairs = {(ln["src"], ln["dst"]) for ln in served["links"]}  # measured once per ordered pair, shared
         assert pairs == {("graphflow-replica-0", "graphflow-replica-1"), ("graphflow-replica-1", "graphflow-replica-0")}

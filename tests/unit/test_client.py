@@ -1,5 +1,7 @@
 """Client calls on in-process replicas (the same executor, replica and manager code as served)."""
 
+from dataclasses import replace
+
 import pytest
 
 from graphflow.bench.serve import agents_graph
@@ -48,6 +50,23 @@ def test_clear_kv_keeps_a_state_a_ready_node_needs(client):
     finally:
         w.end_run("needed")
         w.clear_kv()
+
+
+def test_a_memory_price_keeps_every_agent_where_its_context_is(client):
+    ex, replicas = client.executor, client.cluster.replicas
+    root = client.cluster.workers[replicas[0]].encode("A shared context the agents all continue. " * 30)
+    client.clear_kv()
+    time_only = ex.policy
+    ex.policy = replace(time_only, lam_s_per_byte=1.0)  # NOTE: a second per byte: no copy is ever worth it
+    try:
+        got = run_as("ours", ex, agents_graph(6), root, replicas, replicas[0])
+    finally:
+        ex.policy = time_only
+        client.clear_kv()
+    assert got.bytes_moved == 0 and {t.replica for t in got.nodes} == {replicas[0]}
+    assert len(got.decisions) == 6
+    for d in got.decisions:  # every option was scored with its new bytes priced
+        assert all(d.scores[o] == pytest.approx(d.predicted_s[o] + d.new_bytes[o]) for o in d.scores)
 
 
 def test_negative_decode_steps_are_refused_before_anything_starts():

@@ -62,3 +62,15 @@ def test_replicas_that_no_node_has_gpus_for_are_refused_before_anything_starts()
 def test_a_replica_store_without_room_is_refused(mib):
     with pytest.raises(ValueError, match="capacity-mib of at least 1"):
         Deployment("tiny-llama", 1, capacity_bytes=mib << 20)
+
+
+@pytest.mark.parametrize("price", [-1.0, float("inf"), float("nan")])
+def test_a_memory_price_that_is_not_a_finite_non_negative_number_is_refused(price):
+    with pytest.raises(ValueError, match="--memory-price must be a finite number"):
+        Deployment("tiny-llama", 2, memory_price=price)
+
+
+def test_the_memory_price_is_the_placement_lambda_per_byte():
+    priced = Deployment("tiny-llama", 2, memory_price=2.0)
+    assert priced.lam_s_per_byte() == 2.0 / 2**30 and "memory priced 2 s/GiB" in priced.describe()
+    assert Deployment("tiny-llama", 2).lam_s_per_byte() == 0.0
