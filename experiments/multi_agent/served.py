@@ -97,6 +97,7 @@ def run(s: dict[str, Any], systems: tuple[str, ...], say: Callable[[str], None])
         say=say,
         systems=systems,
         memory=s["memory"],
+        memory_price=s.get("memory_price", 0.0),
     )
 
 

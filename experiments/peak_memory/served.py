@@ -1,6 +1,6 @@
 """Peak memory of k agents over one root context, through the served path.
 
-``python -m experiments.peak_memory.served [--quick] [--json] [--from-multi-agent]
+``python -m experiments.peak_memory.served [--quick] [--json] [--from-multi-agent | --memory-price S]
 [--allow-dirty]`` runs the multi-agent study's served trials
 (:func:`graphflow.bench.multi_agent.run_multi_agent_bench`: embedded Ray, two replicas,
 ``connect()`` → executor → replica actors → manager → UCX) for ours, dense and the
@@ -9,11 +9,15 @@ resident-memory growth over the trial, the root's prefill included, summed
 (:class:`graphflow.bench.replica_memory.ReplicaMemory`). ``--from-multi-agent`` reduces the
 multi-agent study's committed served run instead (the same trials, so the same numbers, at the
 commit its ``meta.json`` names). Writes ``results/served/bench_peak_memory.json``, ``meta.json``
-and the README's served table; ``--quick`` writes under ``out/quick-served/``.
+and the README's served table; ``--quick`` writes under ``out/quick-served/``. With
+``--memory-price S`` the deployment's placement charges S seconds per GiB of KV an option adds to
+a replica (``graphflow serve --memory-price``), and ours runs beside dense and ``holder`` alone (the
+systems the price leaves as they are), into ``results/served-priced-<S>/``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from graphflow.bench.systems import PREFIX_CACHING
 HERE = Path(__file__).parent
 MULTI_AGENT = HERE.parent / "multi_agent" / "results" / "served"
 SYSTEMS = ("ours", "dense", *PREFIX_CACHING)
+PRICED = ("ours", "dense", "holder")  # NOTE: routed is placed by the scheduler too, so a price would change it
 MIB = 1 << 20
 
 
@@ -44,7 +49,9 @@ def table(result: MultiAgentReport, settings: dict[str, Any], source: str) -> st
     lines += [
         "",
         f"Model {settings['model']}, {settings['root_tokens']}-token root, {settings['decode']} tokens per "
-        f"agent, {result.threads} torch thread per replica, 2 replicas, KV over {result.transport}; {source}.",
+        f"agent, {result.threads} torch thread per replica, 2 replicas, KV over {result.transport}"
+        + (f", placement charging {result.memory_price:g} s per GiB of new KV" if result.memory_price else "")
+        + f"; {source}.",
     ]
     return "\n".join(lines)
 
@@ -64,13 +71,22 @@ def _from_multi_agent() -> tuple[MultiAgentReport, dict[str, Any]]:
 
 
 def main() -> None:
-    args = served_args(
-        __doc__,
-        lambda p: p.add_argument(
+    def options(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
             "--from-multi-agent", action="store_true", help="reduce the multi-agent study's committed served run"
-        ),
-    )
-    s = {**(QUICK if args.quick else FULL), "memory": True}
+        )
+        p.add_argument(
+            "--memory-price",
+            type=float,
+            default=0.0,
+            help="seconds placement charges per GiB of new KV; runs ours, dense and holder "
+            "into results/served-priced-S/",
+        )
+
+    args = served_args(__doc__, options)
+    if args.memory_price and args.from_multi_agent:
+        raise SystemExit("--memory-price runs trials of its own; leave out --from-multi-agent")
+    s = {**(QUICK if args.quick else FULL), "memory": True, "memory_price": args.memory_price}
     say = progress(args.json)
     if args.from_multi_agent:
         result, meta = _from_multi_agent()
@@ -78,11 +94,13 @@ def main() -> None:
         source = f"the multi-agent study's served trials at {meta['git_sha'][:7]} (`results/served/` there)"
         settings = {**s, "systems": SYSTEMS, "from_multi_agent": meta["git_sha"]}
     else:
-        result = run(s, SYSTEMS, say)
+        systems = PRICED if args.memory_price else SYSTEMS
+        result = run(s, systems, say)
         source = "trials of its own"
-        settings = {**s, "systems": SYSTEMS}
+        settings = {**s, "systems": systems}
+    sub = f"served-priced-{args.memory_price:g}" if args.memory_price else "served"
     publish_served(
-        HERE, "bench_peak_memory", result.to_json(), settings, table(result, s, source), args.quick, args.json
+        HERE, "bench_peak_memory", result.to_json(), settings, table(result, s, source), args.quick, args.json, sub
     )
 
 
