@@ -238,9 +238,19 @@ def status(
     cluster = RayCluster.attach(connect(address))
     stats = cluster.stats()
     nodes = cluster.nodes()
+    served = cluster.deployment()  # what `serve` started (None: a board without it)
     if json_out:
-        emit({"replicas": [s.to_json() for s in stats], "lost": cluster.lost, "nodes": [asdict(n) for n in nodes]})
+        emit(
+            {
+                "deployment": asdict(served) if served is not None else None,
+                "replicas": [s.to_json() for s in stats],
+                "lost": cluster.lost,
+                "nodes": [asdict(n) for n in nodes],
+            }
+        )
         return
+    if served is not None:
+        out.print(f"serving {served.describe()}")
     table = Table(
         "replica",
         "model",

@@ -54,6 +54,7 @@ def test_serve_submit_status_shutdown(tmp_path):
         )
         assert wrong.returncode == 2 and "serves 'tiny-llama', not 'smollm2-135m'" in wrong.stderr
         status = _last_json(_cli("status", "--address", HEAD, "--json"))
+        assert status["deployment"]["memory_price"] == 0.5 and status["deployment"]["kv_mode"] == "differential"
         assert len(status["replicas"]) == 2 and any(r["blocks"] > 0 for r in status["replicas"])
         assert {r["kv_mode"] for r in status["replicas"]} == {"differential"}
         assert {r["transport"] for r in status["replicas"]} == {"ucx"} and all(r["node"] for r in status["replicas"])
@@ -67,7 +68,8 @@ def test_serve_submit_status_shutdown(tmp_path):
             assert routes[a][b]["shared_memory"] and routes[a][b]["transports"], routes
         table = _cli("status", "--address", HEAD).stdout
         assert (
-            "pool MiB" in table
+            "serving 2 × tiny-llama (differential KV" in table
+            and "pool MiB" in table
             and "routes" in table
             and "shared memory" in table
             and "network" not in table.split("routes", 1)[1]
