@@ -40,7 +40,7 @@ def gpu_shortfall(want: Deployment, node_gpus: list[float]) -> str:
     if not short:
         return ""
     return (
-        f"{_count(want.replicas, 'replica')} on {want.device} take {need:g} GPU each, but this Ray cluster's GPUs "
+        f"replicas on {want.device} take {need:g} GPU each ({want.replicas} asked for), but this Ray cluster's GPUs "
         f"total {sum(node_gpus):g} over {_count(len(node_gpus), 'node')} "
         f"({_count(short, 'replica')} could never start); start Ray on nodes with GPUs, "
         "lower --gpus-per-replica or --replicas, or serve with --device cpu"
