@@ -329,8 +329,9 @@ def demo(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """The main job, embedded: real tasks through generated workflows on replica actors, plus
-    one workflow of parallel branches that spread over the replicas (KV moved over UCX);
-    each run twice (KV reuse on / off) to show time, TTFT and prefill tokens saved."""
+    one workflow of parallel branches the scheduler places over the replicas (it moves the task's
+    KV over UCX where spreading pays); each run twice (KV reuse on / off) to show time, TTFT and
+    prefill tokens saved."""
     from graphflow.checks.e2e import ReuseComparison, compare_reuse
     from graphflow.client import connect
     from graphflow.workflow.tasks import default_tasks_dir, task_text
@@ -345,7 +346,7 @@ def demo(
     say(f"starting {replicas} replicas of {model} on an embedded Ray")
     client = connect(None, model=model, replicas=replicas, decode_steps=decode)
     runs: list[tuple[str, Any]] = [(task, None) for task in picked[:tasks]]
-    if replicas > 1:  # one workflow whose parallel branches spread over the replicas
+    if replicas > 1:  # one workflow whose parallel branches the scheduler may spread over the replicas
         runs.append((picked[0], fan_out_workflow(branches)))
     summary: list[ReuseComparison] = []
     for i, (task, wf) in enumerate(runs):

@@ -10,7 +10,8 @@ __all__ = ["fan_out_workflow"]
 
 def fan_out_workflow(branches: int) -> Workflow:
     """``branches`` parallel solvers over the task, an ensemble over them, then a review: the
-    shape whose branches the scheduler spreads over replicas (the task's KV moves once)."""
+    shape whose branches the scheduler may spread over replicas (the task's KV then moves once)
+    or batch on the replica that holds the task's KV, whichever it predicts faster."""
     roles = ["SOLVE", "SOLVE_ALT", "SOLVE_ASSUME", "SOLVE"]
     nodes = [WorkflowNode(f"b{i}", "Custom", roles[i % len(roles)]) for i in range(branches)]
     nodes += [WorkflowNode("join", "ScEnsemble", "ENSEMBLE"), WorkflowNode("check", "Custom", "REVIEW")]
