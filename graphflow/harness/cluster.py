@@ -41,6 +41,7 @@ from typing import Any
 from graphflow.harness import cluster_ray
 from graphflow.harness.cluster_ray import CLIENT_PORT, GCS_PORT, RAY_TEMP_DIR, STATE_DIR
 from graphflow.harness.netns import run_checked
+from graphflow.runtime.cluster import ensure_token
 from graphflow.runtime.errors import Unavailable
 
 __all__ = [
@@ -212,7 +213,7 @@ def cluster_up(spec: ClusterSpec, say: object = None, start_ray: bool = True) ->
         log(f"network up: {spec.nodes} namespaces on {BRIDGE}")
         head = f"{nodes[0].address}:{GCS_PORT}"
         if start_ray:
-            cluster_ray.ensure_token()
+            ensure_token()
         for node in nodes if start_ray else ():
             cluster_ray.start_ray(node, spec.cpus, head)
             log(f"ray node {node.index} started in {node.namespace}")

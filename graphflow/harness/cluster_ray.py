@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Protocol
 
+from graphflow.runtime.cluster import ray_exe
 from graphflow.runtime.errors import Unavailable
 
 __all__ = [
@@ -23,7 +23,6 @@ __all__ = [
     "RAY_TEMP_DIR",
     "STATE_DIR",
     "RayNode",
-    "ensure_token",
     "node_tmp",
     "start_ray",
     "wait_nodes",
@@ -46,21 +45,6 @@ class RayNode(Protocol):
     def address(self) -> str: ...
     def exec_prefix(self) -> list[str]: ...
     def env(self) -> dict[str, str]: ...
-
-
-def _ray_exe() -> str:
-    local = Path(sys.executable).parent / "ray"
-    return str(local) if local.exists() else shutil.which("ray") or "ray"
-
-
-def ensure_token() -> None:
-    """A Ray auth token for the nodes: ``RAY_AUTH_TOKEN`` if set, else ``~/.ray/auth_token``,
-    made now if missing (``ray start`` refuses to make one; on a fresh machine nothing has)."""
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return
-    proc = subprocess.run([_ray_exe(), "get-auth-token", "--generate"], capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0:
-        raise Unavailable(f"could not make a Ray auth token: {(proc.stderr or proc.stdout).strip()[-300:]}")
 
 
 def node_tmp(index: int) -> Path:
@@ -95,7 +79,7 @@ def start_ray(node: RayNode, cpus: int, head: str, timeout_s: float = 180.0) -> 
         role = [f"--address={head}"]
     tmp = node_tmp(node.index)
     tmp.mkdir(parents=True, exist_ok=True)
-    ray = shlex.join([_ray_exe(), "start", *role, *common])
+    ray = shlex.join([ray_exe(), "start", *role, *common])
     cmd = [
         *node.exec_prefix(),
         "unshare",

@@ -14,7 +14,7 @@ from typing import Any
 
 from graphflow.runtime.errors import Unavailable
 
-__all__ = ["connect", "shutdown", "start_head", "start_local", "stop_head", "wait_for_nodes"]
+__all__ = ["connect", "ensure_token", "ray_exe", "shutdown", "start_head", "start_local", "stop_head", "wait_for_nodes"]
 
 
 def _ray() -> Any:
@@ -85,19 +85,47 @@ def wait_for_nodes(ray: Any, n: int, timeout_s: float = 300.0, say: Callable[[st
         time.sleep(1.0)
 
 
-def start_head(port: int = 6379, client_port: int = 10001) -> str:
-    """Start a local Ray head (``ray start --head``) with token auth; returns its address."""
+def ray_exe() -> str:
+    """The ``ray`` command of this Python's environment (else the one on ``PATH``)."""
     import shutil
-    import subprocess
     import sys
     from pathlib import Path
 
+    local = Path(sys.executable).parent / "ray"
+    return str(local) if local.exists() else shutil.which("ray") or "ray"
+
+
+def ensure_token() -> None:
+    """A Ray auth token for a head started here: ``RAY_AUTH_TOKEN`` if set, else
+    ``~/.ray/auth_token``, made now if missing (``ray start`` refuses to make one, so on a fresh
+    machine a head would not start)."""
+    import subprocess
+
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    proc = subprocess.run([ray_exe(), "get-auth-token", "--generate"], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise Unavailable(f"could not make a Ray auth token: {last_line(proc.stderr or proc.stdout)}")
+
+
+def last_line(output: str, limit: int = 600) -> str:
+    """The last non-empty line of a command's output (where Ray puts its error), whole unless it
+    is longer than ``limit`` characters."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    line = lines[-1] if lines else "(no output)"
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def start_head(port: int = 6379, client_port: int = 10001) -> str:
+    """Start a local Ray head (``ray start --head``) with token auth, making this machine's token
+    first if it has none; returns its address."""
+    import subprocess
+
     os.environ["RAY_AUTH_MODE"] = "token"
-    ray_bin = Path(sys.executable).parent / "ray"
-    exe = str(ray_bin) if ray_bin.exists() else shutil.which("ray") or "ray"
+    ensure_token()
     proc = subprocess.run(
         [
-            exe,
+            ray_exe(),
             "start",
             "--head",
             f"--port={port}",
@@ -110,20 +138,15 @@ def start_head(port: int = 6379, client_port: int = 10001) -> str:
         env={**os.environ, "RAY_AUTH_MODE": "token"},
     )
     if proc.returncode != 0:
-        raise Unavailable(f"could not start a Ray head: {proc.stderr.strip()[-300:]}")
+        raise Unavailable(f"could not start a Ray head: {last_line(proc.stderr)}")
     return f"127.0.0.1:{port}"
 
 
 def stop_head() -> None:
     """Stop a Ray head started on this machine (``ray stop``)."""
-    import shutil
     import subprocess
-    import sys
-    from pathlib import Path
 
-    ray_bin = Path(sys.executable).parent / "ray"
-    exe = str(ray_bin) if ray_bin.exists() else shutil.which("ray") or "ray"
-    subprocess.run([exe, "stop", "--force"], capture_output=True)
+    subprocess.run([ray_exe(), "stop", "--force"], capture_output=True)
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

@@ -23,10 +23,15 @@ def test_serve_submit_status_shutdown(tmp_path):
         fuzzy = _cli("serve", "--model", "tiny-llama", "--kv-mode", "fuzzy", check=False)
         assert fuzzy.returncode == 2 and "unknown KV mode 'fuzzy'" in fuzzy.stderr
         # replicas no node has GPUs for: refused at once (Ray would keep them pending for ever), and the
-        # head that serve started is stopped again, so the serve below starts one of its own
-        gpus = _cli("serve", "--model", "tiny-llama", "--device", "cuda", "--gpus-per-replica", "4096", check=False)
+        # head that serve started is stopped again, so the serve below starts one of its own. Served from a
+        # home with no Ray token, as on a fresh machine: serve makes one before its head (`ray start` won't)
+        fresh = {**ENV, "HOME": str(tmp_path)}
+        fresh.pop("RAY_AUTH_TOKEN", None)
+        cuda = ("--device", "cuda", "--gpus-per-replica", "4096")
+        gpus = _cli("serve", "--model", "tiny-llama", *cuda, check=False, env=fresh)
         said = gpus.stderr.strip().splitlines()[-1]
         assert gpus.returncode == 2 and "could never start" in said and "--device cpu" in said, gpus.stderr[-2000:]
+        assert (tmp_path / ".ray" / "auth_token").exists()
         served = _last_json(
             _cli(
                 *("serve", "--model", "tiny-llama", "--replicas", "2", "--kv-mode", "differential"),

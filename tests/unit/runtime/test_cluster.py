@@ -1,11 +1,12 @@
 """``wait_for_nodes``: a batch script's serve waits for its workers to join (no Ray here: a
-cluster whose ``nodes()`` answers grow as workers join)."""
+cluster whose ``nodes()`` answers grow as workers join); ``last_line``: what of a failed
+``ray`` command's output an error quotes."""
 
 from __future__ import annotations
 
 import pytest
 
-from graphflow.runtime.cluster import wait_for_nodes
+from graphflow.runtime.cluster import last_line, wait_for_nodes
 from graphflow.runtime.errors import Unavailable
 
 
@@ -38,3 +39,11 @@ def test_too_few_nodes_is_one_clear_error(monkeypatch):
     joined.calls = 1  # both workers are in already; nothing more comes
     with pytest.raises(Unavailable, match=r"only 2 of 4 Ray nodes joined within 0 s; .*lower --min-nodes"):
         wait_for_nodes(joined, 4, timeout_s=0.0)
+
+
+def test_last_line_quotes_rays_error_line_whole_and_bounds_a_long_one():
+    error = "AuthenticationError: no token was found. Run `ray get-auth-token --generate`"
+    assert last_line(f"Traceback (most recent call last):\n  File x, line 1\n{error}\n\n") == error
+    assert last_line("") == "(no output)"
+    long = last_line("x" * 1000, limit=50)
+    assert len(long) == 50 and long.endswith("…")
