@@ -9,8 +9,9 @@
 * ``T_reconstruct(bytes) = q0 + q1·bytes`` — base + residual → KV (GraphFlow; measured).
 * ``T_step(rows, L)`` — one engine-loop decode step of ``rows`` requests continuing one
   ``L``-token context, *measured* at a few row counts and two contexts and interpolated
-  linearly between them (a step's cost is not linear in its rows: on this CPU two rows cost
-  what one does, four noticeably more); times ``κ`` while the deployment's other replicas step
+  linearly between them (a step's cost is not linear in its rows: on a 2-core host a second
+  row added about 40% to a one-row step and the third and fourth almost nothing, as the README
+  says with its command); times ``κ`` while the deployment's other replicas step
   too (they share the host's memory traffic and cores; ``κ = 1`` on hosts of their own).
   Measured at calibration (``runtime.calibration.decode_samples``).
 

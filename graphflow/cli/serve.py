@@ -114,8 +114,8 @@ def serve(
     from graphflow.client import CALIBRATION_KEY, calibrate_cluster
     from graphflow.models.fetch import cache_root
     from graphflow.models.registry import resolve
-    from graphflow.runtime.actors import RayCluster
-    from graphflow.runtime.cluster import connect, start_head, stop_head, wait_for_nodes
+    from graphflow.runtime.actors import HEAD_KEY, RayCluster
+    from graphflow.runtime.cluster import connect, head_record, start_head, stop_head, wait_for_nodes
     from graphflow.runtime.cluster import shutdown as disconnect
     from graphflow.runtime.deployment import Deployment, gpus_for
 
@@ -158,6 +158,8 @@ def serve(
         )
         calibration = calibrate_cluster(cluster, previous)
         cluster.share(CALIBRATION_KEY, calibration)
+        if not address:  # NOTE: `shutdown` stops this head (and only from this machine); a given one is left
+            cluster.share(HEAD_KEY, head_record(head))
     except BaseException:
         if not address:  # NOTE: the head this call started serves nothing: leave no Ray behind
             disconnect()  # NOTE: first, or the driver prints the dying head's logs after the error
@@ -199,6 +201,10 @@ def serve(
                 time.sleep(3600)
         except KeyboardInterrupt:
             cluster.shutdown()
+            if not address:  # NOTE: the head this call started: the next `serve` starts its own
+                disconnect()
+                stop_head()
+            say("stopped the replicas and the manager" + ("" if address else ", and the Ray head serve started"))
 
 
 @user_errors
@@ -299,24 +305,38 @@ def status(
 @user_errors
 def shutdown(
     address: str = typer.Option("auto", help="Ray address of the deployment."),
-    stop_head: bool = typer.Option(True, help="Also stop a local Ray head started by `graphflow serve`."),
+    stop_head: bool = typer.Option(
+        True,
+        help="Also stop the Ray head `graphflow serve` started, when run on that machine (a head serve was "
+        "given with --address is never stopped).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
-    """Stop the replicas and the manager (and the local head)."""
-    from graphflow.runtime.actors import RayCluster
-    from graphflow.runtime.cluster import connect
+    """Stop the replicas and the manager (and the Ray head serve started, on its machine)."""
+    from graphflow.runtime.actors import HEAD_KEY, RayCluster
+    from graphflow.runtime.cluster import connect, started_here
     from graphflow.runtime.cluster import shutdown as disconnect
     from graphflow.runtime.cluster import stop_head as stop
 
     try:
         cluster = RayCluster.attach(connect(address))
+        head = cluster.shared(HEAD_KEY)  # NOTE: read before the board goes with the deployment
         cluster.shutdown()
         stopped = cluster.replicas
     finally:
         disconnect()  # NOTE: leave the cluster before stopping it, or Ray logs errors after our output
-        if stop_head:
-            stop()
-    emit({"stopped": stopped}) if json_out else out.print(f"stopped {len(stopped)} replicas and the manager")
+    head_stopped = stop_head and started_here(head)
+    if head_stopped:
+        stop()
+    if json_out:
+        emit({"stopped": stopped, "head_stopped": head_stopped})
+        return
+    out.print(f"stopped {len(stopped)} replicas and the manager")
+    if head_stopped:
+        out.print(f"stopped the Ray head serve started at {head['address']}")
+    elif stop_head:
+        where = "on another machine" if head else "not by `graphflow serve`"
+        out.print(f"left the Ray head running (started {where}; `ray stop` on its machine stops it)")
 
 
 @user_errors

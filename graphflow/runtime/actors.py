@@ -47,6 +47,7 @@ MANAGER_NAME = "graphflow-manager"
 BOARD_NAME = "graphflow-board"
 SNAPSHOT_KEY = "snapshot_dir"
 DEPLOYMENT_KEY = "deployment"
+HEAD_KEY = "head"  # the Ray head `graphflow serve` started (runtime.cluster.head_record); absent: one it was given
 NAMESPACE = "graphflow"
 STATUS_GROUP = "status"  # a replica's own threads for cheap calls (queue length, stats), never behind its nodes
 # NOTE: a node's KV buffers (the rebuilt cache, each layer's grown keys and values) are tens to

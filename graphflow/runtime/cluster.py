@@ -14,7 +14,18 @@ from typing import Any
 
 from graphflow.runtime.errors import Unavailable
 
-__all__ = ["connect", "ensure_token", "ray_exe", "shutdown", "start_head", "start_local", "stop_head", "wait_for_nodes"]
+__all__ = [
+    "connect",
+    "ensure_token",
+    "head_record",
+    "ray_exe",
+    "shutdown",
+    "start_head",
+    "start_local",
+    "started_here",
+    "stop_head",
+    "wait_for_nodes",
+]
 
 
 def _ray() -> Any:
@@ -140,6 +151,23 @@ def start_head(port: int = 6379, client_port: int = 10001) -> str:
     if proc.returncode != 0:
         raise Unavailable(f"could not start a Ray head: {last_line(proc.stderr)}")
     return f"127.0.0.1:{port}"
+
+
+def head_record(address: str) -> dict[str, str]:
+    """What a deployment keeps about the Ray head its ``serve`` started at ``address``: that
+    address and this machine's host name, so that ``shutdown`` stops only that head, and only
+    from the machine it runs on."""
+    import socket
+
+    return {"address": address, "host": socket.gethostname()}
+
+
+def started_here(record: object) -> bool:
+    """Whether ``record`` (a :func:`head_record`, or ``None`` for a head that ``serve`` was
+    given) names a head started on this machine."""
+    import socket
+
+    return isinstance(record, dict) and record.get("host") == socket.gethostname()
 
 
 def stop_head() -> None:

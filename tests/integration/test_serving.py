@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from graphflow.runtime.cluster import ray_exe
 from tests.integration.helpers.cli import ENV
 from tests.integration.helpers.cli import cli as _cli
 from tests.integration.helpers.cli import last_json as _last_json
@@ -18,7 +19,7 @@ HEAD = "127.0.0.1:6379"
 
 
 def test_serve_submit_status_shutdown(tmp_path):
-    _cli("shutdown", "--address", HEAD, "--json", check=False)  # a clean slate if an earlier run left a head
+    subprocess.run([ray_exe(), "stop", "--force"], capture_output=True)  # a clean slate if an earlier run left Ray
     try:
         fuzzy = _cli("serve", "--model", "tiny-llama", "--kv-mode", "fuzzy", check=False)
         assert fuzzy.returncode == 2 and "unknown KV mode 'fuzzy'" in fuzzy.stderr
@@ -115,7 +116,8 @@ def test_serve_submit_status_shutdown(tmp_path):
         assert bad.returncode == 2 and "token" in bad.stderr.splitlines()[-1]
     finally:
         stopped = _last_json(_cli("shutdown", "--address", HEAD, "--json"))
-    assert len(stopped["stopped"]) == 2
+    assert len(stopped["stopped"]) == 2 and stopped["head_stopped"] is True  # the head serve started, here
+    assert _cli("status", "--address", HEAD, check=False, timeout=120).returncode == 2  # nothing answers there now
     unreachable = _cli("status", "--address", "127.0.0.1:6390", check=False, timeout=120)
     assert unreachable.returncode == 2
 

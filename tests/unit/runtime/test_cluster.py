@@ -1,12 +1,12 @@
 """``wait_for_nodes``: a batch script's serve waits for its workers to join (no Ray here: a
 cluster whose ``nodes()`` answers grow as workers join); ``last_line``: what of a failed
-``ray`` command's output an error quotes."""
+``ray`` command's output an error quotes; ``started_here``: which head ``shutdown`` may stop."""
 
 from __future__ import annotations
 
 import pytest
 
-from graphflow.runtime.cluster import last_line, wait_for_nodes
+from graphflow.runtime.cluster import head_record, last_line, started_here, wait_for_nodes
 from graphflow.runtime.errors import Unavailable
 
 
@@ -47,3 +47,9 @@ def test_last_line_quotes_rays_error_line_whole_and_bounds_a_long_one():
     assert last_line("") == "(no output)"
     long = last_line("x" * 1000, limit=50)
     assert len(long) == 50 and long.endswith("…")
+
+
+def test_shutdown_stops_only_a_head_serve_started_on_this_machine():
+    assert started_here(head_record("127.0.0.1:6379"))
+    assert not started_here(None)  # serve was given the head (--address): never stopped
+    assert not started_here({**head_record("127.0.0.1:6379"), "host": "another-machine"})
