@@ -248,7 +248,8 @@ def connect(
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
     move KV over ``transport``: ucx or ray, each with ``capacity_mib`` of KV store, ``threads``
-    torch threads (0: every core), ``gpus_per_replica`` GPUs reserved by Ray for each (default
+    torch threads (0: each node's CPUs shared by the replicas on it), ``gpus_per_replica`` GPUs
+    reserved by Ray for each (default
     one on ``device="cuda"``, none on cpu) and ``prefault_mib`` of memory faulted in at start
     for KV the replicas receive (0: on demand; ``graphflow serve`` faults in the whole capacity by
     default; the pool hands back what the KV a replica computes takes of its store), with ``batching`` (each

@@ -73,7 +73,9 @@ def serve(
     gpus_per_replica: float | None = typer.Option(
         None, help="GPUs Ray reserves for each replica (default: 1 with --device cuda, 0 on cpu)."
     ),
-    threads: int = typer.Option(0, help="Torch threads per replica (0 = every core of its host)."),
+    threads: int = typer.Option(
+        0, help="Torch threads per replica (0 = each node's CPUs shared by the deployment's replicas on it)."
+    ),
     prefault_mib: int = typer.Option(
         -1,
         help="Memory each replica faults in at start for KV it receives (-1 = the whole capacity; "

@@ -21,7 +21,7 @@ import ray
 
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
-from graphflow.runtime.deployment import TRANSPORTS, Deployment, gpu_shortfall
+from graphflow.runtime.deployment import TRANSPORTS, Deployment, gpu_shortfall, replica_threads
 from graphflow.runtime.errors import Unavailable, load_or_why
 from graphflow.runtime.replica import ReplicaWorker
 from graphflow.runtime.replica_config import ReplicaConfig
@@ -37,7 +37,7 @@ __all__ = [
     "RayCluster",
     "ReplicaActor",
     "call_worker",
-    "node_gpus",
+    "node_resource",
     "on_node",
     "replica_name",
     "spread_nodes",
@@ -116,9 +116,10 @@ def spread_nodes(ray: Any) -> list[str]:
     return [n["NodeID"] for n in sorted(alive, key=key)]
 
 
-def node_gpus(ray: Any, nodes: list[str]) -> list[float]:
-    """The GPUs Ray reports on each of ``nodes`` (ids), in that order."""
-    have = {n["NodeID"]: float(n.get("Resources", {}).get("GPU", 0.0)) for n in ray.nodes() if n.get("Alive")}
+def node_resource(ray: Any, nodes: list[str], resource: str) -> list[float]:
+    """How much of ``resource`` (``GPU``, ``CPU``) Ray reports on each of ``nodes`` (ids), in
+    that order."""
+    have = {n["NodeID"]: float(n.get("Resources", {}).get(resource, 0.0)) for n in ray.nodes() if n.get("Alive")}
     return [have.get(n, 0.0) for n in nodes]
 
 
@@ -133,8 +134,8 @@ def replica_name(i: int) -> str:
     return f"graphflow-replica-{i}"
 
 
-def _replica_config(want: Deployment, name: str, timeout_s: float, eviction: str) -> ReplicaConfig:
-    """The replica ``name`` of deployment ``want``."""
+def _replica_config(want: Deployment, name: str, timeout_s: float, eviction: str, threads: int) -> ReplicaConfig:
+    """The replica ``name`` of deployment ``want``, on ``threads`` torch threads (0: every core)."""
     return ReplicaConfig(
         name,
         want.model,
@@ -146,7 +147,7 @@ def _replica_config(want: Deployment, name: str, timeout_s: float, eviction: str
         eviction=eviction,
         recompute_head=want.recompute_head,
         recompute_fraction=want.recompute_fraction,
-        threads=want.threads,
+        threads=threads,
         prefault_bytes=want.prefault_bytes,
         batching=want.batching,
         max_batch_tokens=want.max_batch_tokens,
@@ -221,10 +222,12 @@ class RayCluster:
             cls.attach(ray).shutdown()
             time.sleep(1.0)  # NOTE: let Ray release the actors' names before they are created again
         life = {"lifetime": "detached"} if detached else {}
-        nodes = spread_nodes(ray) if want.spread else []
-        short = gpu_shortfall(want, node_gpus(ray, nodes or spread_nodes(ray)))
+        alive = spread_nodes(ray)
+        nodes = alive if want.spread else []
+        short = gpu_shortfall(want, node_resource(ray, alive, "GPU"))
         if short:
             raise ValueError(short)
+        threads = replica_threads(want, node_resource(ray, alive, "CPU"))
         head = {"scheduling_strategy": on_node(nodes[0])} if nodes else {}
         manager = (
             ray.remote(KVStateManager)
@@ -241,7 +244,7 @@ class RayCluster:
         handles = {}
         for i, name in enumerate(names):
             place = {"scheduling_strategy": on_node(nodes[i % len(nodes)])} if nodes else {}
-            cfg = _replica_config(want, name, timeout_s, eviction)
+            cfg = _replica_config(want, name, timeout_s, eviction, threads[i])
             # NOTE: with the engine loop, the actor's threads only wait on it (its queue bounds them);
             # without it, each thread runs a forward of its own on the same cores
             actor = ray.remote(concurrency_groups={STATUS_GROUP: 2})(ReplicaActor).options(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -63,6 +64,8 @@ def test_serve_submit_status_shutdown(tmp_path):
         assert status["deployment"]["memory_price"] == 0.5 and status["deployment"]["kv_mode"] == "differential"
         assert len(status["replicas"]) == 2 and any(r["blocks"] > 0 for r in status["replicas"])
         assert {r["kv_mode"] for r in status["replicas"]} == {"differential"}
+        # no --threads: the host's CPUs (as Ray counts them) shared by its two replicas
+        assert {r["threads"] for r in status["replicas"]} == {max(1, (os.cpu_count() or 1) // 2)}
         assert {r["transport"] for r in status["replicas"]} == {"ucx"} and all(r["node"] for r in status["replicas"])
         assert sum(r["hits"] for r in status["replicas"]) > 0
         # serve prefaults the whole capacity, and hands back a span of it for each span of KV computed

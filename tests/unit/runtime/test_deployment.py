@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from graphflow.runtime.deployment import Deployment, gpu_shortfall, gpus_for
+from graphflow.runtime.deployment import Deployment, gpu_shortfall, gpus_for, replica_threads
 
 
 def test_a_cuda_replica_gets_one_gpu_unless_asked_otherwise():
@@ -74,3 +74,16 @@ def test_the_memory_price_is_the_placement_lambda_per_byte():
     priced = Deployment("tiny-llama", 2, memory_price=2.0)
     assert priced.lam_s_per_byte() == 2.0 / 2**30 and "memory priced 2 s/GiB" in priced.describe()
     assert Deployment("tiny-llama", 2).lam_s_per_byte() == 0.0
+
+
+def test_replicas_share_their_nodes_cpus_unless_threads_are_given():
+    assert replica_threads(Deployment("tiny-llama", 2), [2.0]) == [1, 1]  # this 2-core host: one each
+    assert replica_threads(Deployment("tiny-llama", 2), [16.0]) == [8, 8]
+    assert replica_threads(Deployment("tiny-llama", 3), [2.0]) == [1, 1, 1]  # never none
+    assert replica_threads(Deployment("tiny-llama", 1), [2.0]) == [2]
+    assert replica_threads(Deployment("tiny-llama", 2, threads=3), [2.0]) == [3, 3]  # asked for: kept
+    # spread: replica i on node i mod N, each node's CPUs shared by the replicas it gets
+    assert replica_threads(Deployment("tiny-llama", 3, spread=True), [8.0, 4.0]) == [4, 4, 4]
+    assert replica_threads(Deployment("tiny-llama", 2, spread=True), [8.0, 4.0]) == [8, 4]
+    # several nodes, not spread: Ray picks each replica's node, so each takes its host's every core
+    assert replica_threads(Deployment("tiny-llama", 2), [8.0, 4.0]) == [0, 0]
