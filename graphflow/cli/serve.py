@@ -117,7 +117,7 @@ def serve(
     from graphflow.models.fetch import cache_root
     from graphflow.models.registry import resolve
     from graphflow.runtime.actors import HEAD_KEY, RayCluster
-    from graphflow.runtime.cluster import connect, head_record, start_head, stop_head, wait_for_nodes
+    from graphflow.runtime.cluster import connect, head_record, running_head, start_head, stop_head, wait_for_nodes
     from graphflow.runtime.cluster import shutdown as disconnect
     from graphflow.runtime.deployment import Deployment, gpus_for
 
@@ -145,7 +145,11 @@ def serve(
         recompute_fraction,
         memory_price,
     )  # checks input, one sentence per mistake
-    head = address or start_head()
+    running = "" if address else running_head()  # NOTE: a second `serve` here: the deployment on it decides
+    if running:
+        say(f"a Ray head already runs on this machine ({running}); serving on it")
+    head = address or running or start_head()
+    started = head not in (address, running)  # this call started the head: it stops it when it fails or ends
     try:
         ray = connect(address or "auto")
         if min_nodes:
@@ -160,10 +164,10 @@ def serve(
         )
         calibration = calibrate_cluster(cluster, previous)
         cluster.share(CALIBRATION_KEY, calibration)
-        if not address:  # NOTE: `shutdown` stops this head (and only from this machine); a given one is left
+        if started:  # NOTE: `shutdown` stops this head (and only from this machine); a given one is left
             cluster.share(HEAD_KEY, head_record(head))
     except BaseException:
-        if not address:  # NOTE: the head this call started serves nothing: leave no Ray behind
+        if started:  # NOTE: the head this call started serves nothing: leave no Ray behind
             disconnect()  # NOTE: first, or the driver prints the dying head's logs after the error
             stop_head()
         raise
@@ -203,10 +207,10 @@ def serve(
                 time.sleep(3600)
         except KeyboardInterrupt:
             cluster.shutdown()
-            if not address:  # NOTE: the head this call started: the next `serve` starts its own
+            if started:  # NOTE: the head this call started: the next `serve` starts its own
                 disconnect()
                 stop_head()
-            say("stopped the replicas and the manager" + ("" if address else ", and the Ray head serve started"))
+            say("stopped the replicas and the manager" + (", and the Ray head serve started" if started else ""))
 
 
 @user_errors

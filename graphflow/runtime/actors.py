@@ -212,14 +212,16 @@ class RayCluster:
         ``want.spread``, replica ``i`` runs on the ``i mod N``-th alive node (the head first, then
         by address) and the manager and board on the head; otherwise Ray places them. Replicas
         give up on a transfer after ``timeout_s`` and evict by ``eviction``."""
-        running = cls._running(ray)
+        running, started_head = cls._running(ray), None
         if running is not None and running != want:
             if not replace_existing:
                 raise ValueError(
                     f"this Ray cluster already serves {running.describe()}; asked for {want.describe()}: "
                     "stop it (`graphflow shutdown`) or pass --replace"
                 )
-            cls.attach(ray).shutdown()
+            old = cls.attach(ray)
+            started_head = old.shared(HEAD_KEY)  # NOTE: the Ray head outlives the deployment it is replaced under
+            old.shutdown()
             time.sleep(1.0)  # NOTE: let Ray release the actors' names before they are created again
         life = {"lifetime": "detached"} if detached else {}
         alive = spread_nodes(ray)
@@ -263,6 +265,8 @@ class RayCluster:
         ray.get([manager.add_replica.remote(i) for i in infos])
         cluster = cls(ray, names, handles, manager, board)
         cluster.share(DEPLOYMENT_KEY, want)
+        if started_head is not None:
+            cluster.share(HEAD_KEY, started_head)
         if snapshot_dir:
             cluster.share(SNAPSHOT_KEY, snapshot_dir)
             ray.get(manager.enable_snapshots.remote(snapshot_dir))

@@ -15,10 +15,12 @@ from typing import Any
 from graphflow.runtime.errors import Unavailable
 
 __all__ = [
+    "answers",
     "connect",
     "ensure_token",
     "head_record",
     "ray_exe",
+    "running_head",
     "shutdown",
     "start_head",
     "start_local",
@@ -180,18 +182,31 @@ def stop_head() -> None:
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Fail fast (one clear sentence) when nothing listens at ``host:port``; Ray itself
     retries an unreachable head for minutes."""
-    import socket
-
     if address == "auto" or ":" not in address:
         return
+    if not answers(address, timeout_s):
+        raise ConnectionError(
+            f"nothing answers at {address}; start a deployment with `graphflow serve` or check the address"
+        )
+
+
+def answers(address: str, timeout_s: float = 5.0) -> bool:
+    """Whether something listens at ``host:port`` (``ray://`` stripped; no host: this machine)."""
+    import socket
+
     host, _, port = address.removeprefix("ray://").rpartition(":")
     try:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
-            return
+            return True
     except (OSError, ValueError):
-        raise ConnectionError(
-            f"nothing answers at {address}; start a deployment with `graphflow serve` or check the address"
-        ) from None
+        return False
+
+
+def running_head(port: int = 6379) -> str:
+    """The address of a Ray head already listening on this machine's ``port`` (one an earlier
+    ``graphflow serve`` or ``ray start --head`` started), else ``""``."""
+    address = f"127.0.0.1:{port}"
+    return address if answers(address, 1.0) else ""
 
 
 def shutdown() -> None:

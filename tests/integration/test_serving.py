@@ -48,6 +48,13 @@ def test_serve_submit_status_shutdown(tmp_path):
         steps = served["decode_steps"]  # the engine loop's decode steps, measured for placement
         assert steps["rows"] == [1, 2, 4, 8, 16] and steps["contention"] >= 1
         assert all(s > 0 for row in steps["seconds"] for s in row)
+        # `serve` again on this machine, no --address: it serves on the head already running, and the
+        # deployment of the same settings there is attached to (its calibration kept: nothing measured)
+        again = _cli(
+            *("serve", "--model", "tiny-llama", "--replicas", "2", "--kv-mode", "differential"),
+            *("--memory-price", "0.5", "--detach", "--json"),
+        )
+        assert "a Ray head already runs on this machine" in again.stderr and _last_json(again)["measured"] == []
         other = _cli("serve", "--address", HEAD, "--model", "tiny-qwen2", "--detach", check=False)
         said = other.stderr.strip().splitlines()[-1]  # one sentence naming both (Ray logs its own lines first)
         assert other.returncode == 2 and "already serves 2 × tiny-llama" in said and "tiny-qwen2" in said
