@@ -50,7 +50,9 @@ def _slots(obj: Any) -> dict[str, Any]:
 def serve(
     model: str = typer.Option("tiny-llama", help="Model every replica serves."),
     replicas: int = typer.Option(2, help="Replica actors to start."),
-    address: str = typer.Option("", help="Ray cluster to deploy on ('' = start a local head)."),
+    address: str = typer.Option(
+        "", help="Ray cluster to deploy on ('' = this machine's Ray head on port 6379, started if none runs)."
+    ),
     capacity_mib: int = typer.Option(1024, help="KV block store budget per replica (MiB)."),
     kv_mode: str = typer.Option(
         "exact",
