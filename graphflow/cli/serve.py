@@ -270,7 +270,7 @@ def status(
         "model",
         "transport",
         "host",
-        "device",
+        "device × threads",
         "blocks",
         "states",
         "used MiB",
@@ -287,7 +287,7 @@ def status(
             s.model,
             s.transport,
             s.host,
-            s.device,
+            f"{s.device} ×{s.threads}",  # NOTE: torch threads: the node's cores shared by its replicas
             str(s.blocks),
             str(s.states),
             f"{s.used_bytes / 2**20:.1f}",

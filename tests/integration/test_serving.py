@@ -85,6 +85,7 @@ def test_serve_submit_status_shutdown(tmp_path):
         table = _cli("status", "--address", HEAD).stdout
         assert (
             "serving 2 × tiny-llama (differential KV" in table
+            and f"cpu ×{max(1, (os.cpu_count() or 1) // 2)}" in table
             and "pool MiB" in table
             and "routes" in table
             and "shared memory" in table
