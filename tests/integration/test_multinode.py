@@ -107,6 +107,9 @@ def test_the_slurm_script_spreads_replicas_over_nodes_and_serves_from_the_root_n
     env = deployment["env"]
     status = last_json(cli("status", "--address", CLIENT, "--json", env=env))
     assert [r["host"] for r in status["replicas"]] == HOSTS  # --spread: round-robin, the head first
+    cpus = os.cpu_count() or 1  # NOTE: each node's Ray counts the machine's CPUs (the script gives no --num-cpus)
+    shared = [max(1, cpus // HOSTS.count(h)) for h in HOSTS]  # no --threads: a node's CPUs shared by its replicas
+    assert [r["threads"] for r in status["replicas"]] == shared, status["replicas"]
     assert all(r["transport"] == "ucx" for r in status["replicas"])
     task = "A farm packs 30 crates of 12 eggs and sells 7 crates. How many eggs are left? " * 4
     result = last_json(cli("submit", "--address", CLIENT, "--task", task, "--decode", "4", "--json", env=env))
