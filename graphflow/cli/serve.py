@@ -159,6 +159,11 @@ def serve(
         say(f"starting {replicas} replicas of {model}")
         snapshots = snapshot_dir or str(cache_root() / "manager-snapshot")
         cluster = RayCluster.start(ray, want, detached=True, snapshot_dir=snapshots, replace_existing=replace)
+        if not (spread or threads) and sum(n.alive for n in cluster.nodes()) > 1:
+            say(
+                "on a cluster of several nodes Ray chose each replica's node, so each keeps every core of its host; "
+                "--spread shares each node's cores among the replicas placed on it (or give --threads)"
+            )
         previous = None if recalibrate else cluster.shared(CALIBRATION_KEY)
         say(
             "measuring prefill, decode-step and replica-to-replica transfer costs for the scheduler"
