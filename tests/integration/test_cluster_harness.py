@@ -31,6 +31,14 @@ def test_cluster_up_starts_a_two_node_ray_cluster_on_a_fresh_machine_and_down_re
         assert _pids("gfc-node-0") and _pids("gfc-node-1")  # each node's raylet in its namespace
         state = last_json(cli("cluster", "status", "--json", env=env))
         assert state["running"] and state["head_address"] == "10.233.0.1:6379"
+        # serving on it without --spread: Ray picks the replicas' nodes, and serve says that the threads
+        # default cannot share a node's cores then; shutdown leaves this head alone (serve did not start it)
+        client = up["client_address"]
+        served = cli("serve", "--address", client, "--model", "tiny-llama", "--detach", "--json", env=env)
+        assert "Ray chose each replica's node" in " ".join(served.stderr.split())
+        stopped = last_json(cli("shutdown", "--address", client, "--json", env=env))
+        assert len(stopped["stopped"]) == 2 and stopped["head_stopped"] is False
+        assert last_json(cli("cluster", "status", "--json", env=env))["running"]
     finally:
         down = last_json(cli("cluster", "down", "--json", env=env))
     assert down["namespaces"] == 2 and down["processes"] > 0
