@@ -149,6 +149,13 @@ def serve(
     )  # checks input, one sentence per mistake
     running = "" if address else running_head()  # NOTE: a second `serve` here: the deployment on it decides
     if running:
+        try:
+            connect("auto")
+        except ConnectionError:
+            raise ConnectionError(
+                f"{running} answers, but not as a Ray head this machine can join; stop what listens on that port "
+                "or serve on a Ray cluster with --address"
+            ) from None
         say(f"a Ray head already runs on this machine ({running}); serving on it")
     head = address or running or start_head()
     started = head not in (address, running)  # this call started the head: it stops it when it fails or ends
