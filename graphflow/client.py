@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from graphflow.runtime.executor import WorkflowExecutor
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from graphflow.runtime.stats import ReplicaStats
-from graphflow.runtime.trace import RunResult
+from graphflow.runtime.trace import NodeTrace, RunResult
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import Workflow
 from scheduler.calibrate import fit_decode, fit_linear, fit_link, fit_prefill
@@ -182,11 +182,13 @@ class Client:
         reuse: bool = True,
         pin: Mapping[str, str] | None = None,
         transfers: bool = True,
+        on_node: Callable[[NodeTrace], None] | None = None,
     ) -> RunResult:
         """Generate (or take) a workflow for ``task``, run it on the replicas, return output + trace.
 
         ``pin`` maps node ids (or ``ROOT``, the task context) to the replica they must run on;
-        ``transfers=False`` keeps every replica to its own prefixes (per-replica prefix caching)."""
+        ``transfers=False`` keeps every replica to its own prefixes (per-replica prefix caching);
+        ``on_node`` is called with each node's trace as it finishes (progress)."""
         if not task or not task.strip():
             raise ValueError("the task is empty; pass the task's text")
         if workflow is None:
@@ -195,7 +197,9 @@ class Client:
             workflow = Planner.load().generate(task)
         task_ids = self.cluster.get(self.cluster.call(self.cluster.replicas[0], "encode", task))
         graph = compile_workflow(workflow, self.templates)
-        return self.executor.run(graph, task_ids, new_run_id(), reuse=reuse, pin=pin, transfers=transfers)
+        return self.executor.run(
+            graph, task_ids, new_run_id(), reuse=reuse, on_node=on_node, pin=pin, transfers=transfers
+        )
 
     def status(self) -> list[ReplicaStats]:
         return self.cluster.stats()

@@ -242,9 +242,11 @@ def submit(
     """Submit a task to a running deployment; prints the output and the per-node trace."""
     from graphflow.client import connect
 
+    say(f"connecting to the deployment at {address}")
     client = connect(address, decode_steps=decode, recalibrate=recalibrate)
     client.served_model(model)
-    result = client.run(task, reuse=not no_reuse)
+    say(f"running the task's workflow on {len(client.cluster.replicas)} replicas")
+    result = client.run(task, reuse=not no_reuse, on_node=lambda t: say(f"{t.node}: {t.decision} on {t.replica}"))
     if json_out:
         emit(result_json(result))
     else:

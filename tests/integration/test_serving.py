@@ -59,10 +59,13 @@ def test_serve_submit_status_shutdown(tmp_path):
         said = other.stderr.strip().splitlines()[-1]  # one sentence naming both (Ray logs its own lines first)
         assert other.returncode == 2 and "already serves 2 × tiny-llama" in said and "tiny-qwen2" in said
         task = "Add 17 and 25, then double the result. " * 6
-        result = _last_json(
-            _cli("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--decode", "4", "--json")
-        )
+        submitted = _cli("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--decode", "4", "--json")
+        result = _last_json(submitted)
         assert result["trace"] and all(t["replica"].startswith("graphflow-replica-") for t in result["trace"])
+        said = " ".join(submitted.stderr.split())  # progress on stderr: connecting, then each node as it finishes
+        assert "connecting to the deployment" in said and all(
+            f"{t['node']}: {t['decision']} on {t['replica']}" in said for t in result["trace"] if t["node"] != "ROOT"
+        ), said
         wrong = _cli(
             "submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--model", "smollm2-135m", check=False
         )
