@@ -173,7 +173,8 @@ def started_here(record: object) -> bool:
 
 
 def stop_head() -> None:
-    """Stop a Ray head started on this machine (``ray stop``)."""
+    """Stop this machine's Ray (``ray stop --force``: every Ray process here, the head that
+    ``serve`` started with them)."""
     import subprocess
 
     subprocess.run([ray_exe(), "stop", "--force"], capture_output=True)
@@ -203,8 +204,9 @@ def answers(address: str, timeout_s: float = 5.0) -> bool:
 
 
 def running_head(port: int = 6379) -> str:
-    """The address of a Ray head already listening on this machine's ``port`` (one an earlier
-    ``graphflow serve`` or ``ray start --head`` started), else ``""``."""
+    """``127.0.0.1:port`` where something listens on this machine's ``port`` (a Ray head an
+    earlier ``graphflow serve`` or ``ray start --head`` started, as a rule: ``serve`` joins it to
+    make sure), else ``""``."""
     address = f"127.0.0.1:{port}"
     return address if answers(address, 1.0) else ""
 
