@@ -253,11 +253,11 @@ def connect(
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
     move KV over ``transport``: ucx or ray, each with ``capacity_mib`` of KV store, ``threads``
     torch threads (0: each node's CPUs shared by the replicas on it), ``gpus_per_replica`` GPUs
-    reserved by Ray for each (default
-    one on ``device="cuda"``, none on cpu) and ``prefault_mib`` of memory faulted in at start
-    for KV the replicas receive (0: on demand; ``graphflow serve`` faults in the whole capacity by
-    default; the pool hands back what the KV a replica computes takes of its store), with ``batching`` (each
-    replica's nodes share forward passes of ``max_batch_tokens``) or not; an attached deployment
+    reserved by Ray for each (default one on ``device="cuda"``, none on cpu) and ``prefault_mib``
+    of memory faulted in at start for KV the replicas receive (0: on demand; ``graphflow serve``
+    faults in the whole capacity by default; the pool hands back what the KV a replica computes
+    takes of its store), with ``batching`` (each replica's nodes share forward passes of
+    ``max_batch_tokens``) or not; an attached deployment
     keeps what it was served with, and an embedded one of other settings in this process is
     replaced). Workflows are compiled with the deployment's ``templates`` (short or detailed).
     Placement charges ``memory_price`` seconds per GiB of KV a decision adds to a replica (the

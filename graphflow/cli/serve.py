@@ -158,7 +158,7 @@ def serve(
             ) from None
         say(f"a Ray head already runs on this machine ({running}); serving on it")
     head = address or running or start_head()
-    started = head not in (address, running)  # this call started the head: it stops it when it fails or ends
+    started = not (address or running)  # this call started the head: it stops it when it fails or ends
     try:
         ray = connect(address or "auto")
         if min_nodes:
