@@ -90,13 +90,31 @@ class ReplicaActor(ReplicaWorker):
         super().cancel_receive(transfer_id, why)
 
 
+def named_actor(ray: Any, name: str, cls: type) -> Any:
+    """``ray.get_actor(name)`` for an actor of class ``cls``. Through the Ray client, the handle
+    is given ``cls``'s method signatures from this process's copy of the class: left without
+    them, the client fetches them on its first call with a task that starts a worker and
+    imports the class there (1.6–2.0 s per class measured here on every ``graphflow submit``).
+
+    Raises:
+        ValueError: no actor of that name (as ``ray.get_actor``).
+    """
+    handle = ray.get_actor(name, namespace=NAMESPACE)
+    from ray.util.client.common import ClientActorClass, ClientActorHandle
+
+    if isinstance(handle, ClientActorHandle) and handle._method_num_returns is None:
+        # NOTE: what the client does itself for an actor it created (ClientActorHandle's actor_class)
+        return ClientActorHandle(handle.actor_ref, ClientActorClass(cls))
+    return handle
+
+
 def _live_replicas(ray: Any, manager: Any) -> tuple[dict[str, Any], list[str]]:
     """The manager's replicas whose actors still exist (handles), and those that are gone
     (their node died): the manager forgets the blocks of those."""
     handles, lost = {}, []
     for info in ray.get(manager.list_replicas.remote()):
         try:
-            handles[info.name] = ray.get_actor(info.name, namespace=NAMESPACE)
+            handles[info.name] = named_actor(ray, info.name, ReplicaActor)
         except ValueError:
             ray.get(manager.drop_replica.remote(info.name))
             lost.append(info.name)
@@ -277,8 +295,8 @@ class RayCluster:
     def _running(ray: Any) -> Deployment | None:
         """The deployment on this Ray cluster (``None``: none)."""
         try:
-            board = ray.get_actor(BOARD_NAME, namespace=NAMESPACE)
-            ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
+            board = named_actor(ray, BOARD_NAME, Board)
+            named_actor(ray, MANAGER_NAME, KVStateManager)
         except ValueError:
             return None
         found = ray.get(board.get.remote(DEPLOYMENT_KEY))
@@ -288,15 +306,18 @@ class RayCluster:
     def attach(cls, ray: Any) -> RayCluster:
         """Find a running deployment (``graphflow serve``) by its actor names."""
         try:
-            manager = ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
+            manager = named_actor(ray, MANAGER_NAME, KVStateManager)
         except ValueError:
             raise ValueError("no GraphFlow deployment on this Ray cluster; start one with `graphflow serve`") from None
         handles, lost = _live_replicas(ray, manager)
-        board = (
-            ray.remote(Board)
-            .options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, lifetime="detached")
-            .remote()
-        )
+        try:
+            board = named_actor(ray, BOARD_NAME, Board)  # NOTE: 3.9 s faster through the client than get_if_exists
+        except ValueError:  # a deployment whose board is gone: a new, empty one (nothing measured to share)
+            board = (
+                ray.remote(Board)
+                .options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, lifetime="detached")
+                .remote()
+            )
         cluster = cls(ray, list(handles), handles, manager, board)
         cluster.lost = lost
         return cluster
