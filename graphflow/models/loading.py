@@ -7,28 +7,21 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import xxhash
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
 
 from graphflow.kv.state import KVLayout, ModelIdentity, RopeInfo
 from graphflow.models.fetch import ensure_smollm2
 from graphflow.models.registry import ModelSpec
 from graphflow.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 __all__ = ["LoadedModel", "load_model", "model_identity", "weights_digest"]
 
-_ARCH = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _INIT_LOCK = threading.Lock()
 _VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "name_or_path")
@@ -79,8 +72,17 @@ def model_identity(spec: ModelSpec, model: PreTrainedModel, tokenizer: Tokenizer
     return ModelIdentity(model_id=spec.name, config_hash=h.hexdigest(), rope=_rope(config), layout=layout)
 
 
+def _architecture(arch: str) -> tuple[Any, Any]:
+    """The config and model classes of ``arch``, imported when a model is built: importing the
+    model classes takes about 2 s here, which processes that only name a replica class (a Ray
+    client attaching, Ray's client server) would otherwise pay."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    return {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+
+
 def _build_random(spec: ModelSpec, dtype: torch.dtype) -> PreTrainedModel:
-    config_cls, model_cls = _ARCH[spec.arch]
+    config_cls, model_cls = _architecture(spec.arch)
     kwargs = dict(spec.config)
     rope_theta = kwargs.pop("rope_theta", 10000.0)
     config = config_cls(**kwargs, rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
@@ -116,6 +118,8 @@ def load_model(
         model = _build_random(spec, torch_dtype)
         tokenizer = ByteTokenizer()
     else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         folder = ensure_smollm2(say) if spec.source == "smollm2" else spec.path
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
         tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(str(folder)), name=spec.name)

@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from graphflow.kv.packing import cache_length
 from graphflow.models.gemm_padding import GemmPadding
@@ -244,6 +243,10 @@ def forward_layers(
     forwards over other rows (the engine loop pauses a long chunk so a short prefill that
     arrived meanwhile need not wait for it): nothing is held across a yield but this forward's
     own hidden states, and each row's cache is complete up to the layer yielded."""
+    # NOTE: imported here: the modeling module takes ~1.5 s to import, which a process that only
+    # names the replica class (a Ray client, Ray's client server) need not pay
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
     why = unsupported(model)
     if why:
         raise ValueError(why)
