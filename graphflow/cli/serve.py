@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from graphflow.cli._common import emit, out, say, trace_table, user_errors
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from graphflow.workflow.shapes import fan_out_workflow
+
+if TYPE_CHECKING:
+    from graphflow.runtime.stats import ReplicaStats
 
 __all__ = ["client_address", "demo", "result_json", "serve", "shutdown", "status", "submit"]
 
@@ -254,6 +258,38 @@ def submit(
         out.print(f"output: {result.final!r}")
 
 
+def _table(title: str, *columns: str) -> Table:
+    """A table whose cells fold rather than end in "…", and whose replica names never wrap."""
+    cols = [Column(c, no_wrap=c in ("replica", "from", "to"), overflow="fold") for c in columns]
+    return Table(*cols, title=title)
+
+
+def status_tables(stats: Sequence[ReplicaStats]) -> list[Table]:
+    """``graphflow status``'s tables: replicas, their KV, and their routes where any replica has
+    sent. Two tables where one would not fit, replica names never wrapped and no cell cut with
+    "…", so an 80-column terminal shows every name and figure whole (the transport is on the
+    ``serving`` line above them)."""
+    replicas = _table("replicas", "replica", "model", "host", "device × threads")
+    kv = _table("KV", "replica", "blocks", "states", "KV MiB used (peak) of capacity", "pool MiB", "prefix hits")
+    for s in stats:
+        # NOTE: threads are torch's: the node's cores shared by its replicas
+        replicas.add_row(s.replica, s.model, s.host, f"{s.device} ×{s.threads}")
+        kv.add_row(
+            s.replica,
+            str(s.blocks),
+            str(s.states),
+            f"{s.used_bytes / 2**20:.1f} ({s.peak_bytes / 2**20:.1f}) of {s.capacity_bytes / 2**20:.0f}",
+            f"{s.pool_bytes >> 20} of {s.prefaulted_bytes >> 20}",
+            f"{s.prefix.hits} ({s.prefix.hit_rate:.0%})",
+        )
+    routes = _table("routes (peers each replica has sent to)", "from", "to", "transports", "path")
+    for s in stats:
+        for r in s.routes:
+            path = "shared memory" if r.shared_memory else "network"
+            routes.add_row(s.replica, r.peer, ", ".join(r.transports), path)
+    return [replicas, kv, *([routes] if routes.rows else [])]
+
+
 @user_errors
 def status(
     address: str = typer.Option("auto", help="Ray address of the deployment."),
@@ -279,46 +315,10 @@ def status(
         return
     if served is not None:
         out.print(f"serving {served.describe()}")
-    table = Table(
-        "replica",
-        "model",
-        "transport",
-        "host",
-        "device × threads",
-        "blocks",
-        "states",
-        "used MiB",
-        "peak MiB",
-        "capacity MiB",
-        "pool MiB",
-        "prefix hits",
-        "hit rate",
-        title="status",
-    )
-    for s in stats:
-        table.add_row(
-            s.replica,
-            s.model,
-            s.transport,
-            s.host,
-            f"{s.device} ×{s.threads}",  # NOTE: torch threads: the node's cores shared by its replicas
-            str(s.blocks),
-            str(s.states),
-            f"{s.used_bytes / 2**20:.1f}",
-            f"{s.peak_bytes / 2**20:.1f}",
-            f"{s.capacity_bytes / 2**20:.0f}",
-            f"{s.pool_bytes >> 20} of {s.prefaulted_bytes >> 20}",
-            str(s.prefix.hits),
-            f"{s.prefix.hit_rate:.0%}",
-        )
-    out.print(table)
-    routes = Table("from", "to", "transports", "path", title="routes (peers each replica has sent to)")
-    for s in stats:
-        for r in s.routes:
-            path = "shared memory" if r.shared_memory else "network"
-            routes.add_row(s.replica, r.peer, ", ".join(r.transports), path)
-    if routes.rows:
-        out.print(routes)
+    else:
+        out.print(f"serving over {', '.join(sorted({s.transport for s in stats})) or 'no replica'}")
+    for table in status_tables(stats):
+        out.print(table)
     gone = [n.host or n.node[:12] for n in nodes if not n.alive]
     if cluster.lost or gone:
         out.print(f"lost replicas: {', '.join(cluster.lost) or 'none'}; dead nodes: {', '.join(gone) or 'none'}")

@@ -17,3 +17,45 @@ def test_min_nodes_is_checked_before_anything_starts():
     assert local.exit_code == 2 and "--min-nodes above 1 needs --address" in local.output
     negative = runner.invoke(app, ["serve", "--address", "ray://h:10001", "--min-nodes", "-1"])
     assert negative.exit_code == 2 and "--min-nodes must be 0 or more, got -1" in negative.output
+
+
+def test_status_tables_show_every_name_and_figure_whole_in_80_columns():
+    import io
+    from dataclasses import fields, replace
+
+    from rich.console import Console
+
+    from graphflow.cli.serve import status_tables
+    from graphflow.runtime.stats import ReplicaStats, Route
+
+    zero = {f.name: 0 for f in fields(ReplicaStats) if f.type in ("int", int)}
+    text = {f.name: "" for f in fields(ReplicaStats) if f.type in ("str", str)}
+    base = ReplicaStats(**zero, **text, batching=True)
+    stats = [
+        replace(
+            base,
+            replica=f"graphflow-replica-{i}",
+            model="qwen2-0.5b-shape",
+            host="10.233.0.12",
+            device="cpu",
+            threads=8,
+            used_bytes=123 << 20,
+            peak_bytes=456 << 20,
+            capacity_bytes=16384 << 20,
+            pool_bytes=15000 << 20,
+            prefaulted_bytes=16384 << 20,
+            routes=(Route(f"graphflow-replica-{1 - i}", ("sysv/memory", "cma/memory")),),
+        )
+        for i in range(2)
+    ]
+    console = Console(width=80, record=True, file=io.StringIO())
+    for table in status_tables(stats):
+        console.print(table)
+    shown = console.export_text()
+    assert "…" not in shown and max(len(line) for line in shown.splitlines()) <= 80, shown
+    for whole in ("graphflow-replica-0", "graphflow-replica-1", "qwen2-0.5b-shape", "10.233.0.12", "cpu ×8"):
+        assert whole in shown, whole
+    for figure in ("123.0", "(456.0)", "15000", "16384", "shared memory"):
+        assert figure in shown, figure
+    assert [t.title for t in status_tables(stats)] == ["replicas", "KV", "routes (peers each replica has sent to)"]
+    assert [t.title for t in status_tables([replace(s, routes=()) for s in stats])] == ["replicas", "KV"]
