@@ -12,17 +12,24 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from graphflow.runtime.errors import Unavailable, error_message
 from transport.errors import TransportError
 
-__all__ = ["emit", "err", "ints", "kv_table", "names", "out", "say", "trace_table", "user_errors"]
+__all__ = ["emit", "err", "folding_table", "ints", "kv_table", "names", "out", "say", "trace_table", "user_errors"]
 
 err = Console(stderr=True)
 # NOTE: tables are wide; when output is piped (no terminal width) render them at 140 columns.
 out = Console() if sys.stdout.isatty() else Console(width=140)
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def folding_table(*columns: str, title: str | None = None, whole: tuple[str, ...] = ()) -> Table:
+    """A table whose cells fold onto more lines where the terminal is narrow, never cut with
+    "…" (a figure stays whole); the ``whole`` columns (names) never wrap."""
+    return Table(*(Column(c, no_wrap=c in whole, overflow="fold") for c in columns), title=title)
+
 
 # NOTE: a RuntimeError means our own state is broken (CONVENTIONS): it keeps its traceback
 _USER_ERRORS = (ValueError, TypeError, TransportError, Unavailable, ConnectionError, MemoryError)
@@ -72,40 +79,36 @@ def names(csv: str) -> list[str]:
 
 def kv_table(title: str, values: dict[str, object]) -> None:
     """Print one ``name | value`` table."""
-    table = Table("", "value", title=title)
+    table = folding_table("", "value", title=title)
     for k, v in values.items():
         table.add_row(k, f"{v:,.4g}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
     out.print(table)
 
 
 def trace_table(title: str, result: Any) -> Table:
-    """A workflow run's per-node decisions (``runtime.trace.RunResult.trace``)."""
-    columns = (
+    """A workflow run's per-node decisions (``runtime.trace.RunResult.trace``), in few enough
+    columns that an 80-column terminal shows each name on one line. The scheduler's prediction
+    is of the node's state being ready (prefill, transfer or rebuild), so it stands beside the
+    measured first token, not the whole node (which decodes after it)."""
+    table = folding_table(
         "node",
         "replica",
         "decision",
         "from",
-        "context",
-        "prefilled",
-        "saved",
+        "tokens: context / prefilled / saved",
         "bytes moved",
-        "predicted s",
-        "measured s",
-        "TTFT s",
+        "s: predicted / TTFT / node",
+        title=title,
+        whole=("node", "replica", "decision", "from"),
     )
-    table = Table(*columns, title=title)
     for t in result.trace:
         table.add_row(
             t.node,
             t.replica.removeprefix("graphflow-"),
             t.decision,
             t.source.removeprefix("graphflow-"),
-            str(t.context_tokens),
-            str(t.prefill_tokens),
-            str(t.prefill_tokens_saved),
+            f"{t.context_tokens} / {t.prefill_tokens} / {t.prefill_tokens_saved}",
             f"{t.bytes_moved:,}",
-            f"{t.predicted_s:.3f}",
-            f"{t.measured_s:.3f}",
-            f"{t.ttft_s:.3f}",
+            f"{t.predicted_s:.3f} / {t.ttft_s:.3f} / {t.measured_s:.3f}",
         )
     return table

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphflow.bench.transport_rows import PeerResult, TransportRow
-from graphflow.cli._common import emit, ints, names, out, say, user_errors
+from graphflow.cli._common import emit, folding_table, ints, names, out, say, user_errors
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 
 app = typer.Typer(help="Benchmarks (medians after warm-up, measured here).", no_args_is_help=True)
@@ -40,7 +40,7 @@ def bench_transport_cmd(
     if json_out:
         emit({"rows": [r.to_json() for r in rows], "peers": [p.to_json() for p in peer_results]})
         return
-    table = Table(
+    table = folding_table(
         "backend",
         "bytes",
         "blocks",
@@ -76,7 +76,7 @@ def _maybe(value: float | None) -> str:
 def _peer_table(rows: list[TransportRow], peers: list[PeerResult]) -> Table:
     """One line per peer × size: its GB/s beside ours over UCX, or why the peer could not run."""
     ours = {r.nbytes: r.ours_gbps for r in rows if r.backend == "ucx"}
-    table = Table("peer", "bytes", "peer GB/s", "ours ucx GB/s", "ours ÷ peer", "checksums", title="peers")
+    table = folding_table("peer", "bytes", "peer GB/s", "ours ucx GB/s", "ours ÷ peer", "checksums", title="peers")
     for p in peers:
         if p.unavailable:
             table.add_row(p.peer, "—", "—", "—", "—", escape(p.unavailable))
@@ -105,7 +105,7 @@ def bench_verify_ceiling_cmd(
     if json_out:
         emit({"rows": [r.to_json() for r in rows]})
         return
-    table = Table(
+    table = folding_table(
         "bytes",
         "copy GB/s",
         "copy then hash",
@@ -142,7 +142,7 @@ def bench_catalog_cmd(
     if json_out:
         emit(result.to_dict())
         return
-    table = Table("metric", "value", title=f"catalog: {blocks:,} blocks")
+    table = folding_table("metric", "value", title=f"catalog: {blocks:,} blocks")
     for k, v in result.to_dict().items():
         table.add_row(k, f"{v:,.2f}" if isinstance(v, float) else f"{v:,}")
     out.print(table)
@@ -166,7 +166,9 @@ def bench_prefill_cmd(
     if json_out:
         emit({"model": model, "device": str(engine.device), "rows": [r.to_dict() for r in rows]})
         return
-    table = Table("tokens", "prefill s (median)", "min", "max", "tokens/s", "KV bytes/token", title=f"prefill: {model}")
+    table = folding_table(
+        "tokens", "prefill s (median)", "min", "max", "tokens/s", "KV bytes/token", title=f"prefill: {model}"
+    )
     for r in rows:
         table.add_row(
             str(r.tokens),
@@ -225,7 +227,7 @@ def bench_multi_agent_cmd(
         emit(result.to_json())
         return
     columns = ["agents", "system", "root prefill s", "agents s", "makespan s", "bytes moved", "decisions"]
-    table = Table(
+    table = folding_table(
         *columns,
         *(["every repeat's makespan s"] if repeats > 1 else []),
         title=f"bench multi-agent: {model}, {root_tokens}-token root"
@@ -310,7 +312,7 @@ def bench_serve_cmd(
     if json_out:
         emit(result.to_json())
         return
-    table = Table(
+    table = folding_table(
         "system",
         "batching",
         "workflows",

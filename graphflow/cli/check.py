@@ -4,9 +4,8 @@ transfer, e2e)."""
 from __future__ import annotations
 
 import typer
-from rich.table import Table
 
-from graphflow.cli._common import emit, kv_table, out, say, trace_table, user_errors
+from graphflow.cli._common import emit, folding_table, kv_table, out, say, trace_table, user_errors
 
 app = typer.Typer(help="End-to-end correctness checks.", no_args_is_help=True)
 
@@ -27,7 +26,7 @@ def check_exact(
     if json_out:
         emit(result.to_dict())
         return
-    table = Table("", "value", title=f"exact resume: {model}, {tokens} tokens → {steps} decoded")
+    table = folding_table("", "value", title=f"exact resume: {model}, {tokens} tokens → {steps} decoded")
     ok = "[green]yes[/]" if result.tokens_equal else "[red]NO[/]"
     table.add_row("tokens equal (fresh process vs original cache)", ok)
     table.add_row("max |Δ logit| vs original cache", f"{result.max_abs_logit_diff_vs_cache:.3g}")
@@ -115,9 +114,7 @@ def check_faults(
     if json_out:
         emit(result.to_json())
     else:
-        table = Table(title="fault scenarios")
-        for col in ("scenario", "completed", "outputs correct", "seconds", "detail"):
-            table.add_column(col)
+        table = folding_table("scenario", "completed", "outputs correct", "seconds", "detail", title="fault scenarios")
         for r in result.rows:
             table.add_row(r.name, str(r.completed), str(r.outputs_correct), f"{r.seconds:.1f}", r.detail)
         out.print(table)
@@ -146,7 +143,7 @@ def check_transfer(
     if json_out:
         emit(result.to_json())
         return
-    table = Table("", "value", title=f"KV transfer over {backend}: {model}, {tokens} tokens")
+    table = folding_table("", "value", title=f"KV transfer over {backend}: {model}, {tokens} tokens")
     table.add_row("processes", str(result.processes))
     table.add_row("blocks / bytes", f"{got.blocks} / {got.nbytes:,}")
     table.add_row("receive seconds", f"{got.seconds:.4f}")

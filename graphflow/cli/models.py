@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import typer
-from rich.table import Table
 
-from graphflow.cli._common import emit, out, say, user_errors
+from graphflow.cli._common import emit, folding_table, out, say, user_errors
 
 app = typer.Typer(help="List and fetch models.", no_args_is_help=True)
 
@@ -26,7 +25,7 @@ def models_list(json_out: bool = typer.Option(False, "--json", help="Print one J
             }
         )
         return
-    table = Table("name", "source", "dtype", "description", title="models")
+    table = folding_table("name", "source", "dtype", "description", title="models")
     for s in MODELS.values():
         table.add_row(s.name, s.source, s.dtype, s.description)
     out.print(table)

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Column, Table
+from rich.table import Table
 
-from graphflow.cli._common import emit, out, say, trace_table, user_errors
+from graphflow.cli._common import emit, folding_table, out, say, trace_table, user_errors
 from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from graphflow.workflow.shapes import fan_out_workflow
 
@@ -258,19 +258,23 @@ def submit(
         out.print(f"output: {result.final!r}")
 
 
-def _table(title: str, *columns: str) -> Table:
-    """A table whose cells fold rather than end in "…", and whose replica names never wrap."""
-    cols = [Column(c, no_wrap=c in ("replica", "from", "to"), overflow="fold") for c in columns]
-    return Table(*cols, title=title)
-
-
 def status_tables(stats: Sequence[ReplicaStats]) -> list[Table]:
     """``graphflow status``'s tables: replicas, their KV, and their routes where any replica has
     sent. Two tables where one would not fit, replica names never wrapped and no cell cut with
     "…", so an 80-column terminal shows every name and figure whole (the transport is on the
     ``serving`` line above them)."""
-    replicas = _table("replicas", "replica", "model", "host", "device × threads")
-    kv = _table("KV", "replica", "blocks", "states", "KV MiB used (peak) of capacity", "pool MiB", "prefix hits")
+    names = ("replica", "from", "to")
+    replicas = folding_table("replica", "model", "host", "device × threads", title="replicas", whole=names)
+    kv = folding_table(
+        "replica",
+        "blocks",
+        "states",
+        "KV MiB used (peak) of capacity",
+        "pool MiB",
+        "prefix hits",
+        title="KV",
+        whole=names,
+    )
     for s in stats:
         # NOTE: threads are torch's: the node's cores shared by its replicas
         replicas.add_row(s.replica, s.model, s.host, f"{s.device} ×{s.threads}")
@@ -282,7 +286,9 @@ def status_tables(stats: Sequence[ReplicaStats]) -> list[Table]:
             f"{s.pool_bytes >> 20} of {s.prefaulted_bytes >> 20}",
             f"{s.prefix.hits} ({s.prefix.hit_rate:.0%})",
         )
-    routes = _table("routes (peers each replica has sent to)", "from", "to", "transports", "path")
+    routes = folding_table(
+        "from", "to", "transports", "path", title="routes (peers each replica has sent to)", whole=names
+    )
     for s in stats:
         for r in s.routes:
             path = "shared memory" if r.shared_memory else "network"
@@ -404,7 +410,7 @@ def demo(
         runs_json = [{"run": i + 1, **s.to_json()} for i, s in enumerate(summary)]
         emit({"model": model, "replicas": replicas, "transport": ",".join(transport), "runs": runs_json})
         return
-    table = Table(
+    table = folding_table(
         "run",
         "workflow",
         "nodes",

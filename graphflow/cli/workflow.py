@@ -7,9 +7,8 @@ import csv
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from graphflow.cli._common import emit, out, say, user_errors
+from graphflow.cli._common import emit, folding_table, out, say, user_errors
 
 __all__ = ["eval_app", "generate", "train_app", "wgraph_app"]
 
@@ -44,7 +43,9 @@ def wgraph_build(
     if json_out:
         emit(summary)
         return
-    table = Table("#", "operator", "role", "depth", "→", title=f"wGraph: {len(g.ops)} ops, {len(g.edges)} edges")
+    table = folding_table(
+        "#", "operator", "role", "depth", "→", title=f"wGraph: {len(g.ops)} ops, {len(g.edges)} edges"
+    )
     for i, k in enumerate(g.ops):
         table.add_row(str(i), k[0], k[1], str(k[2]), ", ".join(str(d) for s, d in g.edges if s == i))
     out.print(table)
@@ -120,7 +121,7 @@ def generate(
     if json_out:
         emit(result)
         return
-    table = Table("node", "operation", "inputs", "KV state extends", title="generated workflow")
+    table = folding_table("node", "operation", "inputs", "KV state extends", title="generated workflow")
     for n in gs.nodes:
         table.add_row(n.id, f"{n.operator}/{n.role}", ", ".join(n.preds) or "task", n.state_parent)
     out.print(table)
@@ -154,7 +155,7 @@ def eval_generator(
         emit(result.to_json())
         return
     for part, data in result.parts.items():
-        table = Table(
+        table = folding_table(
             "method",
             "edge F1",
             "95% CI",

@@ -46,3 +46,37 @@ def test_list_options():
             assert "--tokens" in str(exc)
         else:
             raise AssertionError(f"{bad!r} was accepted")
+
+
+def test_trace_table_sets_the_prediction_beside_the_first_token_and_keeps_names_whole():
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from graphflow.cli._common import trace_table
+    from graphflow.runtime.trace import NodeTrace
+
+    row = NodeTrace(
+        "n12",
+        "graphflow-replica-1",
+        "transfer",
+        "graphflow-replica-0",
+        0.0561,
+        0.4987,
+        0.0994,
+        5_160_960,
+        16,
+        4096,
+        4112,
+        "x",
+    )
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(trace_table("per-node decisions", SimpleNamespace(trace=[row])))
+    shown = console.export_text()
+    assert "…" not in shown and max(len(line) for line in shown.splitlines()) <= 80, shown
+    for whole in ("n12", "replica-1", "transfer", "replica-0", "5,160,960"):
+        assert whole in shown, whole
+    flat = " ".join(shown.replace("│", " ").split())
+    # predicted (the state ready), then the measured first token, then the whole node
+    assert flat.index("0.056") < flat.index("0.099") < flat.index("0.499"), flat
