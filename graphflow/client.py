@@ -18,12 +18,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from graphflow.runtime.batch_limits import MAX_BATCH_TOKENS
 from graphflow.runtime.executor import WorkflowExecutor
-from graphflow.runtime.plan import MAX_BATCH_TOKENS
 from graphflow.runtime.stats import ReplicaStats
 from graphflow.runtime.trace import NodeTrace, RunResult
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.corpus import Workflow
+from graphflow.workflow.tasks import require_task
 from scheduler.calibrate import fit_decode, fit_linear, fit_link, fit_prefill
 from scheduler.cost import DecodeModel, LinkMatrix, LinkSpec
 from scheduler.policy import Policy
@@ -189,8 +190,7 @@ class Client:
         ``pin`` maps node ids (or ``ROOT``, the task context) to the replica they must run on;
         ``transfers=False`` keeps every replica to its own prefixes (per-replica prefix caching);
         ``on_node`` is called with each node's trace as it finishes (progress)."""
-        if not task or not task.strip():
-            raise ValueError("the task is empty; pass the task's text")
+        require_task(task)
         if workflow is None:
             from graphflow.workflow.planner import Planner
 

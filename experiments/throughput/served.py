@@ -17,7 +17,7 @@ from typing import Any
 from experiments.common import progress, publish_served, served_args
 from graphflow.bench.serve import run_serve_bench
 from graphflow.bench.serve_report import ServeReport
-from graphflow.runtime.plan import MAX_BATCH_TOKENS
+from graphflow.runtime.batch_limits import MAX_BATCH_TOKENS
 
 HERE = Path(__file__).parent
 FULL = {

@@ -42,7 +42,7 @@ from graphflow.bench.serve_report import HolRow, MemoryRow, ServeReport, ServeRo
 from graphflow.bench.served import PinnedAgent
 from graphflow.bench.systems import SYSTEMS, run_as
 from graphflow.client import Client, connect, new_run_id
-from graphflow.runtime.plan import MAX_BATCH_TOKENS
+from graphflow.runtime.batch_limits import MAX_BATCH_TOKENS
 from graphflow.runtime.trace import NodeTrace, RunResult
 from graphflow.workflow.compile import ROOT, ExecGraph, ExecNode
 

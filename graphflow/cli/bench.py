@@ -11,7 +11,7 @@ from rich.table import Table
 
 from graphflow.bench.transport_rows import PeerResult, TransportRow
 from graphflow.cli._common import emit, folding_table, ints, names, out, say, user_errors
-from graphflow.runtime.plan import MAX_BATCH_TOKENS
+from graphflow.runtime.batch_limits import MAX_BATCH_TOKENS
 
 app = typer.Typer(help="Benchmarks (medians after warm-up, measured here).", no_args_is_help=True)
 

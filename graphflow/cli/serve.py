@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from graphflow.cli._common import emit, folding_table, out, say, trace_table, user_errors
-from graphflow.runtime.plan import MAX_BATCH_TOKENS
+from graphflow.runtime.batch_limits import MAX_BATCH_TOKENS
 from graphflow.workflow.shapes import fan_out_workflow
 
 if TYPE_CHECKING:
@@ -244,6 +244,9 @@ def submit(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Submit a task to a running deployment; prints the output and the per-node trace."""
+    from graphflow.workflow.tasks import require_task
+
+    require_task(task)  # NOTE: before the seconds of imports and attaching through the Ray client
     from graphflow.client import connect
 
     say(f"connecting to the deployment at {address}")

@@ -75,7 +75,7 @@ from graphflow.models.engine import Engine
 from graphflow.models.gemm_padding import GemmPadding
 from graphflow.models.ragged import Row, SharedPrefix, forward_layers, unsupported
 from graphflow.models.threads import set_thread_parallelism
-from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
+from graphflow.runtime.batch_limits import BATCH_ROWS, MAX_BATCH_TOKENS
 
 __all__ = ["Batcher", "BatcherFull", "Request"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphflow.kv.differential.template_kv import kv_mode as kv_mode_of
-from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
+from graphflow.runtime.batch_limits import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.workflow.templates import template_set
 
 __all__ = ["TRANSPORTS", "Deployment", "gpu_shortfall", "gpus_for", "replica_threads"]

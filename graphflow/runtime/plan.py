@@ -15,11 +15,6 @@ from dataclasses import dataclass, field
 from graphflow.kv.events import AdmitEvent, EvictEvent, TemplateHolding
 from scheduler.policy import Option
 
-# NOTE: the engine loop's defaults (runtime.batcher), here so the CLI and client need not import torch
-MAX_BATCH_TOKENS = 128  # tokens one engine step runs (decodes, then prefill); before steps paused for a
-# short arrival, 256 doubled a short request's wait during a long prefill (experiments/throughput/README.md)
-BATCH_ROWS = 32  # requests one engine step runs at most
-
 __all__ = ["MaterializeResult", "NodePlan", "NodeResult", "TemplateRef"]
 
 

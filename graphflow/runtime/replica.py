@@ -40,10 +40,11 @@ from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
 from graphflow.models.ragged import unsupported
 from graphflow.models.threads import per_thread_support
+from graphflow.runtime.batch_limits import BATCH_ROWS
 from graphflow.runtime.batcher import Batcher
 from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates
 from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
-from graphflow.runtime.plan import BATCH_ROWS, MaterializeResult, NodePlan, NodeResult
+from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.receive_pool import ReceivePool
 from graphflow.runtime.replica_compute import NodeCompute
 from graphflow.runtime.replica_config import ReplicaConfig

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphflow.runtime.batch_limits import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.runtime.kept import check_policy
-from graphflow.runtime.plan import BATCH_ROWS, MAX_BATCH_TOKENS
 
 __all__ = ["ReplicaConfig"]
 

@@ -14,6 +14,7 @@ from graphflow.workflow.corpus import Workflow
 from graphflow.workflow.decode import Candidates, decode
 from graphflow.workflow.features import Encoder, HashingEncoder, op_text
 from graphflow.workflow.generator import GeneratorConfig, WorkflowGenerator
+from graphflow.workflow.tasks import require_task
 from graphflow.workflow.wgraph import WGraph
 
 __all__ = ["DEFAULT_CHECKPOINT", "Planner"]
@@ -35,8 +36,7 @@ class Planner:
 
     @torch.no_grad()
     def generate(self, task: str, threshold: float = 0.5) -> Workflow:
-        if not task or not task.strip():
-            raise ValueError("the task is empty; pass the task's text")
+        require_task(task)
         self.model.eval()
         nodes, edges, _ = decode(self.cands, self.scores(self.encoder.encode([task])[0]), threshold)
         return self.g.to_workflow(nodes, edges)

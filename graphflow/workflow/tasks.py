@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHMARKS", "TaskExample", "default_tasks_dir", "load_tasks", "task_text"]
+__all__ = ["BENCHMARKS", "TaskExample", "default_tasks_dir", "load_tasks", "require_task", "task_text"]
 
 BENCHMARKS = {
     "gsm8k": "GSM8K",
@@ -19,6 +19,12 @@ BENCHMARKS = {
     "drop": "DROP",
 }
 _TEXT_FIELDS = ("question", "problem", "prompt", "context")
+
+
+def require_task(task: str) -> None:
+    """Refuse a task with no text (``ValueError``, one sentence)."""
+    if not task or not task.strip():
+        raise ValueError("the task is empty; pass the task's text")
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,3 +87,20 @@ def test_layers_point_one_way():
     assert _edges("graphflow.runtime", "graphflow.checks") == []
     assert _edges("graphflow.runtime", "graphflow.bench") == []
     assert _edges("graphflow.kv", "graphflow.models.engine") == []
+
+
+def test_the_cli_starts_without_torch_or_transformers() -> None:
+    """Every command's ``--help``, every bad option and every refused input answers at once:
+    importing the CLI loads neither torch nor transformers (2 s here), nor does naming the
+    replica class load transformers' model classes (another 2 s on each ``submit``, in the
+    client and in Ray's client server)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; import graphflow.cli; cli = {'torch', 'transformers'} & set(sys.modules); "
+        "import graphflow.runtime.actors; model = {m for m in sys.modules if m.startswith('transformers.models.')}; "
+        "print(sorted(cli), sorted(model))"
+    )
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert shown.stdout.strip() == "[] []", shown.stdout

@@ -59,3 +59,14 @@ def test_status_tables_show_every_name_and_figure_whole_in_80_columns():
         assert figure in shown, figure
     assert [t.title for t in status_tables(stats)] == ["replicas", "KV", "routes (peers each replica has sent to)"]
     assert [t.title for t in status_tables([replace(s, routes=()) for s in stats])] == ["replicas", "KV"]
+
+
+def test_an_empty_task_is_refused_before_connecting():
+    from typer.testing import CliRunner
+
+    from graphflow.cli import app
+
+    # NOTE: nothing answers at this address; a connect would fail with another message
+    result = CliRunner().invoke(app, ["submit", "--address", "ray://127.0.0.1:9", "--task", "  "])
+    assert result.exit_code == 2 and "the task is empty; pass the task's text" in result.output, result.output
+    assert "connecting" not in result.output
