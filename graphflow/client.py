@@ -13,8 +13,10 @@ measures its own.
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -34,6 +36,7 @@ __all__ = [
     "CALIBRATION_KEY",
     "Calibration",
     "Client",
+    "TaskOutcome",
     "calibrate_cluster",
     "connect",
     "measure_link",
@@ -170,6 +173,18 @@ def measure_pair(cluster: Any, src: str, dst: str) -> LinkSpec:
         return fit_link(samples, "replica-link", src, dst)
 
 
+@dataclass(frozen=True, slots=True)
+class TaskOutcome:
+    """One task of :meth:`Client.run_many`: its result, or the one-sentence reason it was
+    refused (``error``; the other tasks went on)."""
+
+    index: int
+    task: str
+    result: RunResult | None
+    error: str = ""
+    seconds: float = 0.0  # from its start to its result, queueing for a free slot excluded
+
+
 @dataclass
 class Client:
     cluster: Any
@@ -200,6 +215,35 @@ class Client:
         return self.executor.run(
             graph, task_ids, new_run_id(), reuse=reuse, on_node=on_node, pin=pin, transfers=transfers
         )
+
+    def run_many(
+        self,
+        tasks: Sequence[str],
+        concurrency: int = 4,
+        reuse: bool = True,
+        on_task: Callable[[TaskOutcome], None] | None = None,
+    ) -> list[TaskOutcome]:
+        """Run ``tasks`` through this client, ``concurrency`` workflows in flight at once (the
+        replicas' engine loops batch their nodes); one outcome per task, in order. A task the
+        deployment refuses (``ValueError``: empty, longer than the model accepts) gets its
+        error and the others go on; ``on_task`` is called as each one ends (progress)."""
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be 1 or more, got {concurrency}")
+        for task in tasks:
+            require_task(task)
+
+        def one(i: int, task: str) -> TaskOutcome:
+            start = time.perf_counter()
+            try:
+                done = TaskOutcome(i, task, self.run(task, reuse=reuse), seconds=time.perf_counter() - start)
+            except ValueError as exc:
+                done = TaskOutcome(i, task, None, str(exc), time.perf_counter() - start)
+            if on_task is not None:
+                on_task(done)
+            return done
+
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="graphflow-task") as pool:
+            return list(pool.map(one, range(len(tasks)), tasks))
 
     def status(self) -> list[ReplicaStats]:
         return self.cluster.stats()

@@ -3,8 +3,10 @@ main job, embedded)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -233,8 +235,15 @@ def serve(
 
 @user_errors
 def submit(
-    task: str = typer.Option(..., help="The task's text."),
     address: str = typer.Option(..., help="Ray client address of a `graphflow serve` deployment (ray://host:10001)."),
+    task: str = typer.Option("", help="The task's text (or --tasks-file)."),
+    tasks_file: Path | None = typer.Option(
+        None,
+        "--tasks-file",
+        help="A file of tasks, one per line (blank lines skipped), run through one client with --concurrency "
+        "workflows in flight; a task the deployment refuses gets its error and the others go on.",
+    ),
+    concurrency: int = typer.Option(4, help="Workflows in flight at once with --tasks-file."),
     model: str = typer.Option("", help="Model the task is meant for ('' = whatever is served)."),
     decode: int = typer.Option(16, help="Tokens each node generates after its first (decode steps)."),
     no_reuse: bool = typer.Option(False, "--no-reuse", help="Turn every KV reuse and transfer off."),
@@ -243,22 +252,88 @@ def submit(
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
-    """Submit a task to a running deployment; prints the output and the per-node trace."""
-    from graphflow.workflow.tasks import require_task
-
-    require_task(task)  # NOTE: before the seconds of imports and attaching through the Ray client
+    """Submit a task (or a file of tasks) to a running deployment; prints the output and the
+    per-node trace (for a file: one line per task and the tasks per second)."""
+    tasks = _submitted_tasks(task, tasks_file, concurrency)  # NOTE: before the seconds of imports and attaching
     from graphflow.client import connect
 
     say(f"connecting to the deployment at {address}")
     client = connect(address, decode_steps=decode, recalibrate=recalibrate)
     client.served_model(model)
-    say(f"running the task's workflow on {len(client.cluster.replicas)} replicas")
-    result = client.run(task, reuse=not no_reuse, on_node=lambda t: say(f"{t.node}: {t.decision} on {t.replica}"))
+    say(f"running {_count(len(tasks), 'workflow')} on {len(client.cluster.replicas)} replicas")
+    if tasks_file is None:
+        result = client.run(task, reuse=not no_reuse, on_node=lambda t: say(f"{t.node}: {t.decision} on {t.replica}"))
+        if json_out:
+            emit(result_json(result))
+        else:
+            out.print(trace_table("per-node decisions", result))
+            out.print(f"output: {result.final!r}")
+        return
+    start = time.perf_counter()
+    finished = itertools.count(1)
+    outcomes = client.run_many(
+        tasks,
+        concurrency,
+        reuse=not no_reuse,
+        on_task=lambda o: say(
+            f"task {o.index + 1} ({next(finished)} of {len(tasks)} done): "
+            + (f"{o.seconds:.2f} s" if o.result is not None else f"refused: {o.error}")
+        ),
+    )
+    wall = time.perf_counter() - start
+    ran = sum(o.result is not None for o in outcomes)
     if json_out:
-        emit(result_json(result))
-    else:
-        out.print(trace_table("per-node decisions", result))
-        out.print(f"output: {result.final!r}")
+        runs = [
+            {"task": o.task, "seconds": o.seconds, **(result_json(o.result) if o.result else {"error": o.error})}
+            for o in outcomes
+        ]
+        emit({"runs": runs, "wall_s": wall, "tasks_per_s": ran / wall, "concurrency": concurrency})
+        return
+    table = folding_table("#", "task", "nodes", "s", "first token s", "bytes moved", "output", title="tasks")
+    for o in outcomes:
+        r = o.result
+        if r is None:
+            table.add_row(str(o.index + 1), o.task, "", f"{o.seconds:.2f}", "", "", f"refused: {o.error}")
+            continue
+        first = min((t.ttft_s for t in r.nodes), default=0.0)
+        table.add_row(
+            str(o.index + 1),
+            o.task,
+            str(len(r.nodes)),
+            f"{o.seconds:.2f}",
+            f"{first:.3f}",
+            f"{r.bytes_moved:,}",
+            repr(r.final),
+        )
+    out.print(table)
+    out.print(
+        f"{ran} of {_count(len(tasks), 'task')} ran in {wall:.1f} s: {ran / wall:.2f} tasks/s, {concurrency} in flight"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _submitted_tasks(task: str, tasks_file: Path | None, concurrency: int) -> list[str]:
+    """What ``submit`` was asked to run, checked before anything connects."""
+    from graphflow.workflow.tasks import require_task
+
+    if tasks_file is None:
+        require_task(task)
+        return [task]
+    if task:
+        raise ValueError("give --task or --tasks-file, not both")
+    if concurrency < 1:
+        raise ValueError(f"--concurrency must be 1 or more, got {concurrency}")
+    try:
+        lines = tasks_file.read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"cannot read --tasks-file {tasks_file}: {exc.strerror}") from None
+    tasks = [line.strip() for line in lines if line.strip()]
+    if not tasks:
+        raise ValueError(f"--tasks-file {tasks_file} has no tasks; write one task per line")
+    return tasks
 
 
 def status_tables(stats: Sequence[ReplicaStats]) -> list[Table]:

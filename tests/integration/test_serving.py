@@ -66,6 +66,27 @@ def test_serve_submit_status_shutdown(tmp_path):
         assert "connecting to the deployment" in said and all(
             f"{t['node']}: {t['decision']} on {t['replica']}" in said for t in result["trace"] if t["node"] != "ROOT"
         ), said
+        # a file of tasks through one client, two in flight; one too long for the model is refused alone
+        tasks = tmp_path / "tasks.txt"
+        tasks.write_text(f"{task}\n\nSort 3, 1, 2 and explain the order.\n{'word ' * 9000}\nName three primes.\n")
+        many = _cli(
+            "submit",
+            "--address",
+            "ray://127.0.0.1:10001",
+            "--tasks-file",
+            str(tasks),
+            "--concurrency",
+            "2",
+            "--decode",
+            "2",
+            "--json",
+        )
+        runs = _last_json(many)["runs"]
+        assert [bool(r.get("error")) for r in runs] == [False, False, True, False], runs
+        assert "accepts at most" in runs[2]["error"] and all(r["trace"] for r in runs if "trace" in r)
+        assert runs[0]["task"] == task.strip() and _last_json(many)["tasks_per_s"] > 0
+        said = " ".join(many.stderr.split())
+        assert "running 4 workflows on 2 replicas" in said and "(4 of 4 done)" in said, said
         wrong = _cli(
             "submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--model", "smollm2-135m", check=False
         )

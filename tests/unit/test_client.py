@@ -1,12 +1,16 @@
 """Client calls on in-process replicas (the same executor, replica and manager code as served)."""
 
+import threading
+import time
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from graphflow.bench.serve import agents_graph
 from graphflow.bench.systems import run_as
 from graphflow.client import Client
+from graphflow.runtime.trace import RunResult
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +78,49 @@ def test_negative_decode_steps_are_refused_before_anything_starts():
 
     with pytest.raises(ValueError, match="must be 0 or more"):
         connect(decode_steps=-3)  # NOTE: refused before Ray is started or attached to
+
+
+class _Runs(Client):
+    """``Client.run_many`` over a stand-in ``run`` (no replicas): records how many tasks were in
+    flight at once and refuses the tasks that say so, as the deployment would."""
+
+    def __init__(self) -> None:
+        super().__init__(cluster=None, executor=None)  # type: ignore[arg-type]
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most = 0
+
+    def run(self, task: str, workflow: Any = None, reuse: bool = True, **_: Any) -> Any:
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            time.sleep(0.02)
+            if "too long" in task:
+                raise ValueError("the context needs 9001 positions but tiny-llama accepts at most 2048")
+            return RunResult({}, {}, task.upper(), ())
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def test_run_many_keeps_order_bounds_concurrency_and_goes_on_past_a_refused_task():
+    client = _Runs()
+    seen: list[int] = []
+    tasks = [f"task {i}" for i in range(7)] + ["too long"] + ["last"]
+    outcomes = client.run_many(tasks, concurrency=3, on_task=lambda o: seen.append(o.index))
+    assert [o.index for o in outcomes] == list(range(9)) and sorted(seen) == list(range(9))
+    assert [o.result.final if o.result else o.error for o in outcomes][:2] == ["TASK 0", "TASK 1"]
+    assert outcomes[7].result is None and "accepts at most 2048" in outcomes[7].error
+    assert outcomes[8].result is not None and outcomes[8].result.final == "LAST"
+    assert 1 < client.most <= 3  # never more than asked in flight, and more than one at a time
+    assert all(o.seconds >= 0.02 for o in outcomes)
+
+
+def test_run_many_refuses_bad_input_before_running_anything():
+    client = _Runs()
+    with pytest.raises(ValueError, match="concurrency must be 1 or more, got 0"):
+        client.run_many(["a"], concurrency=0)
+    with pytest.raises(ValueError, match="the task is empty"):
+        client.run_many(["a", " "])
+    assert client.most == 0

@@ -70,3 +70,30 @@ def test_an_empty_task_is_refused_before_connecting():
     result = CliRunner().invoke(app, ["submit", "--address", "ray://127.0.0.1:9", "--task", "  "])
     assert result.exit_code == 2 and "the task is empty; pass the task's text" in result.output, result.output
     assert "connecting" not in result.output
+
+
+def test_a_tasks_file_is_checked_before_connecting(tmp_path):
+    from typer.testing import CliRunner
+
+    from graphflow.cli import app
+
+    def submit(*args: str) -> tuple[int, str]:
+        # NOTE: nothing answers at this address; a connect would fail with another message
+        got = CliRunner().invoke(app, ["submit", "--address", "ray://127.0.0.1:9", *args])
+        return got.exit_code, " ".join(got.output.split())
+
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n")
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("Add 2 and 3.\n")
+    assert submit("--tasks-file", str(blank)) == (
+        2,
+        f"error: --tasks-file {blank} has no tasks; write one task per line",
+    )
+    code, said = submit("--tasks-file", str(tmp_path / "missing.txt"))
+    assert code == 2 and "cannot read --tasks-file" in said and "No such file" in said
+    assert submit("--tasks-file", str(tasks), "--task", "x") == (2, "error: give --task or --tasks-file, not both")
+    assert submit("--tasks-file", str(tasks), "--concurrency", "0") == (
+        2,
+        "error: --concurrency must be 1 or more, got 0",
+    )
