@@ -336,6 +336,16 @@ def _submitted_tasks(task: str, tasks_file: Path | None, concurrency: int) -> li
     return tasks
 
 
+def _attach(address: str) -> Any:
+    """The deployment at ``address`` (``RayCluster``), saying so first: through the Ray client
+    attaching takes seconds."""
+    from graphflow.runtime.actors import RayCluster
+    from graphflow.runtime.cluster import connect
+
+    say(f"connecting to the deployment at {address}")
+    return RayCluster.attach(connect(address))
+
+
 def status_tables(stats: Sequence[ReplicaStats]) -> list[Table]:
     """``graphflow status``'s tables: replicas, their KV, and their routes where any replica has
     sent. Two tables where one would not fit, replica names never wrapped and no cell cut with
@@ -380,10 +390,7 @@ def status(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Replicas, KV memory and blocks of a running deployment."""
-    from graphflow.runtime.actors import RayCluster
-    from graphflow.runtime.cluster import connect
-
-    cluster = RayCluster.attach(connect(address))
+    cluster = _attach(address)
     stats = cluster.stats()
     nodes = cluster.nodes()
     served = cluster.deployment()  # what `serve` started (None: a board without it)
@@ -419,13 +426,13 @@ def shutdown(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Stop the replicas and the manager (and the Ray head serve started, on its machine)."""
-    from graphflow.runtime.actors import HEAD_KEY, RayCluster
-    from graphflow.runtime.cluster import connect, started_here
+    from graphflow.runtime.actors import HEAD_KEY
     from graphflow.runtime.cluster import shutdown as disconnect
+    from graphflow.runtime.cluster import started_here
     from graphflow.runtime.cluster import stop_head as stop
 
     try:
-        cluster = RayCluster.attach(connect(address))
+        cluster = _attach(address)
         head = cluster.shared(HEAD_KEY)  # NOTE: read before the board goes with the deployment
         cluster.shutdown()
         stopped = cluster.replicas
