@@ -225,8 +225,9 @@ class Client:
     ) -> list[TaskOutcome]:
         """Run ``tasks`` through this client, ``concurrency`` workflows in flight at once (the
         replicas' engine loops batch their nodes); one outcome per task, in order. A task the
-        deployment refuses (``ValueError``: empty, longer than the model accepts) gets its
-        error and the others go on; ``on_task`` is called as each one ends (progress)."""
+        deployment refuses (``ValueError``: longer than the model accepts, …) gets its error and
+        the others go on; an empty task refuses the whole call before anything runs. ``on_task``
+        is called as each one ends (progress)."""
         if concurrency < 1:
             raise ValueError(f"concurrency must be 1 or more, got {concurrency}")
         for task in tasks:

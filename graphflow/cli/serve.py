@@ -293,22 +293,27 @@ def submit(
     for o in outcomes:
         r = o.result
         if r is None:
-            table.add_row(str(o.index + 1), o.task, "", f"{o.seconds:.2f}", "", "", f"refused: {o.error}")
+            table.add_row(str(o.index + 1), _preview(o.task), "", f"{o.seconds:.2f}", "", "", f"refused: {o.error}")
             continue
         first = min((t.ttft_s for t in r.nodes), default=0.0)
         table.add_row(
             str(o.index + 1),
-            o.task,
+            _preview(o.task),
             str(len(r.nodes)),
             f"{o.seconds:.2f}",
             f"{first:.3f}",
             f"{r.bytes_moved:,}",
-            repr(r.final),
+            _preview(repr(r.final)),
         )
     out.print(table)
     out.print(
         f"{ran} of {_count(len(tasks), 'task')} ran in {wall:.1f} s: {ran / wall:.2f} tasks/s, {concurrency} in flight"
     )
+
+
+def _preview(text: str, chars: int = 48) -> str:
+    """The start of ``text`` for a table row (``--json`` has it whole)."""
+    return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
 def _count(n: int, noun: str) -> str:
@@ -320,6 +325,8 @@ def _submitted_tasks(task: str, tasks_file: Path | None, concurrency: int) -> li
     from graphflow.workflow.tasks import require_task
 
     if tasks_file is None:
+        if not task:
+            raise ValueError("nothing to run; give --task TEXT or --tasks-file FILE")
         require_task(task)
         return [task]
     if task:

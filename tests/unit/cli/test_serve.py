@@ -97,3 +97,12 @@ def test_a_tasks_file_is_checked_before_connecting(tmp_path):
         2,
         "error: --concurrency must be 1 or more, got 0",
     )
+
+
+def test_submit_without_a_task_says_what_to_give():
+    from typer.testing import CliRunner
+
+    from graphflow.cli import app
+
+    got = CliRunner().invoke(app, ["submit", "--address", "ray://127.0.0.1:9"])
+    assert got.exit_code == 2 and "nothing to run; give --task TEXT or --tasks-file FILE" in got.output, got.output
