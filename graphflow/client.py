@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from graphflow.runtime.batch_limits import MAX_BATCH_TOKENS
+from graphflow.runtime.errors import error_message
 from graphflow.runtime.executor import WorkflowExecutor
 from graphflow.runtime.stats import ReplicaStats
 from graphflow.runtime.trace import NodeTrace, RunResult
@@ -237,8 +238,8 @@ class Client:
             start = time.perf_counter()
             try:
                 done = TaskOutcome(i, task, self.run(task, reuse=reuse), seconds=time.perf_counter() - start)
-            except ValueError as exc:
-                done = TaskOutcome(i, task, None, str(exc), time.perf_counter() - start)
+            except ValueError as exc:  # NOTE: a Ray task error wrapping a ValueError is one too
+                done = TaskOutcome(i, task, None, error_message(exc), time.perf_counter() - start)
             if on_task is not None:
                 on_task(done)
             return done

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from ray.exceptions import RayTaskError
 
 from graphflow.bench.serve import agents_graph
 from graphflow.bench.systems import run_as
@@ -96,8 +97,10 @@ class _Runs(Client):
             self.most = max(self.most, self.in_flight)
         try:
             time.sleep(0.02)
-            if "too long" in task:
-                raise ValueError("the context needs 9001 positions but tiny-llama accepts at most 2048")
+            if "too long" in task:  # NOTE: as a replica's refusal reaches the client: Ray's header, traceback
+                why = ValueError("the context needs 9001 positions but tiny-llama accepts at most 2048")
+                trace = f'Traceback (most recent call last):\n  File "replica_nodes.py", line 229\nValueError: {why}'
+                raise RayTaskError("materialize", trace, why, "ray::ReplicaActor.materialize()").as_instanceof_cause()
             return RunResult({}, {}, task.upper(), ())
         finally:
             with self.lock:
@@ -111,7 +114,8 @@ def test_run_many_keeps_order_bounds_concurrency_and_goes_on_past_a_refused_task
     outcomes = client.run_many(tasks, concurrency=3, on_task=lambda o: seen.append(o.index))
     assert [o.index for o in outcomes] == list(range(9)) and sorted(seen) == list(range(9))
     assert [o.result.final if o.result else o.error for o in outcomes][:2] == ["TASK 0", "TASK 1"]
-    assert outcomes[7].result is None and "accepts at most 2048" in outcomes[7].error
+    assert outcomes[7].result is None
+    assert outcomes[7].error == "the context needs 9001 positions but tiny-llama accepts at most 2048"
     assert outcomes[8].result is not None and outcomes[8].result.final == "LAST"
     assert 1 < client.most <= 3  # never more than asked in flight, and more than one at a time
     assert all(o.seconds >= 0.02 for o in outcomes)
