@@ -83,7 +83,8 @@ def test_serve_submit_status_shutdown(tmp_path):
         )
         runs = _last_json(many)["runs"]
         assert [bool(r.get("error")) for r in runs] == [False, False, True, False], runs
-        assert "accepts at most" in runs[2]["error"] and all(r["trace"] for r in runs if "trace" in r)
+        assert runs[2]["error"].startswith("the context needs") and "accepts at most" in runs[2]["error"]
+        assert "\n" not in runs[2]["error"] and all(r["trace"] for r in runs if "trace" in r)  # one sentence
         assert runs[0]["task"] == task.strip() and _last_json(many)["tasks_per_s"] > 0
         said = " ".join(many.stderr.split())
         assert "running 4 workflows on 2 replicas" in said and "(4 of 4 done)" in said, said
