@@ -111,6 +111,15 @@ def named_actor(ray: Any, name: str, cls: type) -> Any:
     return handle
 
 
+def _board(ray: Any, **options: Any) -> Any:
+    """The deployment's board, created where there is none (``options``: lifetime, placement)."""
+    return (
+        ray.remote(Board)
+        .options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, **options)
+        .remote()
+    )
+
+
 def _live_replicas(ray: Any, manager: Any) -> tuple[dict[str, Any], list[str]]:
     """The manager's replicas whose actors still exist (handles), and those that are gone
     (their node died): the manager forgets the blocks of those."""
@@ -257,11 +266,7 @@ class RayCluster:
             .options(name=MANAGER_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, **life, **head)
             .remote(16, time.time())
         )
-        board = (
-            ray.remote(Board)
-            .options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, **life, **head)
-            .remote()
-        )
+        board = _board(ray, **life, **head)
         _live_replicas(ray, manager)  # a replica that died is started afresh below, with an empty store
         names = [replica_name(i) for i in range(want.replicas)]
         handles = {}
@@ -316,11 +321,7 @@ class RayCluster:
         try:
             board = named_actor(ray, BOARD_NAME, Board)  # NOTE: 3.9 s faster through the client than get_if_exists
         except ValueError:  # a deployment whose board is gone: a new, empty one (nothing measured to share)
-            board = (
-                ray.remote(Board)
-                .options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, lifetime="detached")
-                .remote()
-            )
+            board = _board(ray, lifetime="detached")
         cluster = cls(ray, list(handles), handles, manager, board)
         cluster.lost = lost
         return cluster
