@@ -1,14 +1,15 @@
 """The ``graphflow`` command. Every command takes ``--json``: one JSON object as the last line.
 
 One module per command group (``check``, ``bench``, ``sweep`` with ``calibrate``, ``serve``,
-``workflow``, ``cluster``, ``models``); ``_common`` holds the output helpers and the error policy they share.
+``submit`` with ``status``, ``workflow``, ``cluster``, ``models``); ``_common`` holds the output
+helpers and the error policy they share.
 """
 
 from __future__ import annotations
 
 import typer
 
-from graphflow.cli import bench, check, cluster, models, serve, sweep, workflow
+from graphflow.cli import bench, check, cluster, models, serve, submit, sweep, workflow
 
 __all__ = ["app", "main"]
 
@@ -28,8 +29,8 @@ for group, name in (
     app.add_typer(group, name=name)
 for command, name in (
     (serve.serve, "serve"),
-    (serve.submit, "submit"),
-    (serve.status, "status"),
+    (submit.submit, "submit"),
+    (submit.status, "status"),
     (serve.shutdown, "shutdown"),
     (serve.demo, "demo"),
     (sweep.calibrate_cmd, "calibrate"),

@@ -1,28 +1,22 @@
-"""Serving commands: ``graphflow serve``, ``submit``, ``status``, ``shutdown`` and ``demo`` (the
-main job, embedded)."""
+"""Serving commands: ``graphflow serve``, ``shutdown`` and ``demo`` (the main job, embedded);
+what a client of the deployment runs (``submit``, ``status``) is in :mod:`graphflow.cli.submit`."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import time
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
-from rich.table import Table
 
 from graphflow.cli._common import emit, folding_table, out, say, trace_table, user_errors
+from graphflow.cli.submit import attach
 from graphflow.runtime.batch_limits import MAX_BATCH_TOKENS
 from graphflow.workflow.shapes import fan_out_workflow
 
-if TYPE_CHECKING:
-    from graphflow.runtime.stats import ReplicaStats
-
-__all__ = ["client_address", "demo", "result_json", "serve", "shutdown", "status", "submit"]
+__all__ = ["client_address", "demo", "serve", "shutdown"]
 
 DEMO_TASK_FILES = ("gsm8k_validate.jsonl", "mbpp_validate.jsonl")
 
@@ -34,22 +28,6 @@ def client_address(head: str) -> str:
         return head
     host = head.rsplit(":", 1)[0] if ":" in head else head
     return f"ray://{host}:10001"
-
-
-def result_json(result: Any) -> dict[str, Any]:
-    return {
-        "final": result.final,
-        "bytes_moved": result.bytes_moved,
-        "root_prefill_tokens": result.root_prefill_tokens,
-        "prefill_tokens": result.prefill_tokens,
-        "prefill_tokens_saved": result.prefill_tokens_saved,
-        "wall_s": result.wall_s,
-        "trace": [t.__dict__ if hasattr(t, "__dict__") else _slots(t) for t in result.trace],
-    }
-
-
-def _slots(obj: Any) -> dict[str, Any]:
-    return {k: getattr(obj, k) for k in obj.__slots__}
 
 
 @user_errors
@@ -234,195 +212,6 @@ def serve(
 
 
 @user_errors
-def submit(
-    address: str = typer.Option(..., help="Ray client address of a `graphflow serve` deployment (ray://host:10001)."),
-    task: str = typer.Option("", help="The task's text (or --tasks-file)."),
-    tasks_file: Path | None = typer.Option(
-        None,
-        "--tasks-file",
-        help="A file of tasks, one per line (blank lines skipped), run through one client with --concurrency "
-        "workflows in flight; a task the deployment refuses gets its error and the others go on.",
-    ),
-    concurrency: int = typer.Option(4, help="Workflows in flight at once with --tasks-file."),
-    model: str = typer.Option("", help="Model the task is meant for ('' = whatever is served)."),
-    decode: int = typer.Option(16, help="Tokens each node generates after its first (decode steps)."),
-    no_reuse: bool = typer.Option(False, "--no-reuse", help="Turn every KV reuse and transfer off."),
-    recalibrate: bool = typer.Option(
-        False, "--recalibrate", help="Re-measure costs instead of using the ones `serve` measured."
-    ),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
-) -> None:
-    """Submit a task (or a file of tasks) to a running deployment; prints the output and the
-    per-node trace (for a file: one line per task and the tasks per second)."""
-    tasks = _submitted_tasks(task, tasks_file, concurrency)  # NOTE: before the seconds of imports and attaching
-    from graphflow.client import connect
-
-    say(f"connecting to the deployment at {address}")
-    client = connect(address, decode_steps=decode, recalibrate=recalibrate)
-    client.served_model(model)
-    say(f"running {_count(len(tasks), 'workflow')} on {len(client.cluster.replicas)} replicas")
-    if tasks_file is None:
-        result = client.run(task, reuse=not no_reuse, on_node=lambda t: say(f"{t.node}: {t.decision} on {t.replica}"))
-        if json_out:
-            emit(result_json(result))
-        else:
-            out.print(trace_table("per-node decisions", result))
-            out.print(f"output: {result.final!r}")
-        return
-    start = time.perf_counter()
-    finished = itertools.count(1)
-    outcomes = client.run_many(
-        tasks,
-        concurrency,
-        reuse=not no_reuse,
-        on_task=lambda o: say(
-            f"task {o.index + 1} ({next(finished)} of {len(tasks)} done): "
-            + (f"{o.seconds:.2f} s" if o.result is not None else f"refused: {o.error}")
-        ),
-    )
-    wall = time.perf_counter() - start
-    ran = sum(o.result is not None for o in outcomes)
-    if json_out:
-        runs = [
-            {"task": o.task, "seconds": o.seconds, **(result_json(o.result) if o.result else {"error": o.error})}
-            for o in outcomes
-        ]
-        emit({"runs": runs, "wall_s": wall, "tasks_per_s": ran / wall, "concurrency": concurrency})
-        return
-    table = folding_table("#", "task", "nodes", "s", "first token s", "bytes moved", "output", title="tasks")
-    for o in outcomes:
-        r = o.result
-        if r is None:
-            table.add_row(str(o.index + 1), _preview(o.task), "", f"{o.seconds:.2f}", "", "", f"refused: {o.error}")
-            continue
-        first = min((t.ttft_s for t in r.nodes), default=0.0)
-        table.add_row(
-            str(o.index + 1),
-            _preview(o.task),
-            str(len(r.nodes)),
-            f"{o.seconds:.2f}",
-            f"{first:.3f}",
-            f"{r.bytes_moved:,}",
-            _preview(repr(r.final)),
-        )
-    out.print(table)
-    out.print(
-        f"{ran} of {_count(len(tasks), 'task')} ran in {wall:.1f} s: {ran / wall:.2f} tasks/s, {concurrency} in flight"
-    )
-
-
-def _preview(text: str, chars: int = 48) -> str:
-    """The start of ``text`` for a table row (``--json`` has it whole)."""
-    return text if len(text) <= chars else text[: chars - 1] + "…"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _submitted_tasks(task: str, tasks_file: Path | None, concurrency: int) -> list[str]:
-    """What ``submit`` was asked to run, checked before anything connects."""
-    from graphflow.workflow.tasks import require_task
-
-    if tasks_file is None:
-        if not task:
-            raise ValueError("nothing to run; give --task TEXT or --tasks-file FILE")
-        require_task(task)
-        return [task]
-    if task:
-        raise ValueError("give --task or --tasks-file, not both")
-    if concurrency < 1:
-        raise ValueError(f"--concurrency must be 1 or more, got {concurrency}")
-    try:
-        lines = tasks_file.read_text().splitlines()
-    except OSError as exc:
-        raise ValueError(f"cannot read --tasks-file {tasks_file}: {exc.strerror}") from None
-    tasks = [line.strip() for line in lines if line.strip()]
-    if not tasks:
-        raise ValueError(f"--tasks-file {tasks_file} has no tasks; write one task per line")
-    return tasks
-
-
-def _attach(address: str) -> Any:
-    """The deployment at ``address`` (``RayCluster``), saying so first: through the Ray client
-    attaching takes seconds."""
-    from graphflow.runtime.actors import RayCluster
-    from graphflow.runtime.cluster import connect
-
-    say(f"connecting to the deployment at {address}")
-    return RayCluster.attach(connect(address))
-
-
-def status_tables(stats: Sequence[ReplicaStats]) -> list[Table]:
-    """``graphflow status``'s tables: replicas, their KV, and their routes where any replica has
-    sent. Two tables where one would not fit, replica names never wrapped and no cell cut with
-    "…", so an 80-column terminal shows every name and figure whole (the transport is on the
-    ``serving`` line above them)."""
-    names = ("replica", "from", "to")
-    replicas = folding_table("replica", "model", "host", "device × threads", title="replicas", whole=names)
-    kv = folding_table(
-        "replica",
-        "blocks",
-        "states",
-        "KV MiB used (peak) of capacity",
-        "pool MiB",
-        "prefix hits",
-        title="KV",
-        whole=names,
-    )
-    for s in stats:
-        # NOTE: threads are torch's: the node's cores shared by its replicas
-        replicas.add_row(s.replica, s.model, s.host, f"{s.device} ×{s.threads}")
-        kv.add_row(
-            s.replica,
-            str(s.blocks),
-            str(s.states),
-            f"{s.used_bytes / 2**20:.1f} ({s.peak_bytes / 2**20:.1f}) of {s.capacity_bytes / 2**20:.0f}",
-            f"{s.pool_bytes >> 20} of {s.prefaulted_bytes >> 20}",
-            f"{s.prefix.hits} ({s.prefix.hit_rate:.0%})",
-        )
-    routes = folding_table(
-        "from", "to", "transports", "path", title="routes (peers each replica has sent to)", whole=names
-    )
-    for s in stats:
-        for r in s.routes:
-            path = "shared memory" if r.shared_memory else "network"
-            routes.add_row(s.replica, r.peer, ", ".join(r.transports), path)
-    return [replicas, kv, *([routes] if routes.rows else [])]
-
-
-@user_errors
-def status(
-    address: str = typer.Option("auto", help="Ray address of the deployment."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
-) -> None:
-    """Replicas, KV memory and blocks of a running deployment."""
-    cluster = _attach(address)
-    stats = cluster.stats()
-    nodes = cluster.nodes()
-    served = cluster.deployment()  # what `serve` started (None: a board without it)
-    if json_out:
-        emit(
-            {
-                "deployment": asdict(served) if served is not None else None,
-                "replicas": [s.to_json() for s in stats],
-                "lost": cluster.lost,
-                "nodes": [asdict(n) for n in nodes],
-            }
-        )
-        return
-    if served is not None:
-        out.print(f"serving {served.describe()}")
-    else:
-        out.print(f"serving over {', '.join(sorted({s.transport for s in stats})) or 'no replica'}")
-    for table in status_tables(stats):
-        out.print(table)
-    gone = [n.host or n.node[:12] for n in nodes if not n.alive]
-    if cluster.lost or gone:
-        out.print(f"lost replicas: {', '.join(cluster.lost) or 'none'}; dead nodes: {', '.join(gone) or 'none'}")
-
-
-@user_errors
 def shutdown(
     address: str = typer.Option("auto", help="Ray address of the deployment."),
     stop_head: bool = typer.Option(
@@ -439,7 +228,7 @@ def shutdown(
     from graphflow.runtime.cluster import stop_head as stop
 
     try:
-        cluster = _attach(address)
+        cluster = attach(address)
         head = cluster.shared(HEAD_KEY)  # NOTE: read before the board goes with the deployment
         cluster.shutdown()
         stopped = cluster.replicas

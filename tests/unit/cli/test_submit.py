@@ -1,0 +1,90 @@
+"""``graphflow submit`` and ``status``: what is checked before connecting, and the status tables."""
+
+
+def test_status_tables_show_every_name_and_figure_whole_in_80_columns():
+    import io
+    from dataclasses import fields, replace
+
+    from rich.console import Console
+
+    from graphflow.cli.submit import status_tables
+    from graphflow.runtime.stats import ReplicaStats, Route
+
+    zero = {f.name: 0 for f in fields(ReplicaStats) if f.type in ("int", int)}
+    text = {f.name: "" for f in fields(ReplicaStats) if f.type in ("str", str)}
+    base = ReplicaStats(**zero, **text, batching=True)
+    stats = [
+        replace(
+            base,
+            replica=f"graphflow-replica-{i}",
+            model="qwen2-0.5b-shape",
+            host="10.233.0.12",
+            device="cpu",
+            threads=8,
+            used_bytes=123 << 20,
+            peak_bytes=456 << 20,
+            capacity_bytes=16384 << 20,
+            pool_bytes=15000 << 20,
+            prefaulted_bytes=16384 << 20,
+            routes=(Route(f"graphflow-replica-{1 - i}", ("sysv/memory", "cma/memory")),),
+        )
+        for i in range(2)
+    ]
+    console = Console(width=80, record=True, file=io.StringIO())
+    for table in status_tables(stats):
+        console.print(table)
+    shown = console.export_text()
+    assert "…" not in shown and max(len(line) for line in shown.splitlines()) <= 80, shown
+    for whole in ("graphflow-replica-0", "graphflow-replica-1", "qwen2-0.5b-shape", "10.233.0.12", "cpu ×8"):
+        assert whole in shown, whole
+    for figure in ("123.0", "(456.0)", "15000", "16384", "shared memory"):
+        assert figure in shown, figure
+    assert [t.title for t in status_tables(stats)] == ["replicas", "KV", "routes (peers each replica has sent to)"]
+    assert [t.title for t in status_tables([replace(s, routes=()) for s in stats])] == ["replicas", "KV"]
+
+
+def test_an_empty_task_is_refused_before_connecting():
+    from typer.testing import CliRunner
+
+    from graphflow.cli import app
+
+    # NOTE: nothing answers at this address; a connect would fail with another message
+    result = CliRunner().invoke(app, ["submit", "--address", "ray://127.0.0.1:9", "--task", "  "])
+    assert result.exit_code == 2 and "the task is empty; pass the task's text" in result.output, result.output
+    assert "connecting" not in result.output
+
+
+def test_a_tasks_file_is_checked_before_connecting(tmp_path):
+    from typer.testing import CliRunner
+
+    from graphflow.cli import app
+
+    def submit(*args: str) -> tuple[int, str]:
+        # NOTE: nothing answers at this address; a connect would fail with another message
+        got = CliRunner().invoke(app, ["submit", "--address", "ray://127.0.0.1:9", *args])
+        return got.exit_code, " ".join(got.output.split())
+
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n")
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("Add 2 and 3.\n")
+    assert submit("--tasks-file", str(blank)) == (
+        2,
+        f"error: --tasks-file {blank} has no tasks; write one task per line",
+    )
+    code, said = submit("--tasks-file", str(tmp_path / "missing.txt"))
+    assert code == 2 and "cannot read --tasks-file" in said and "No such file" in said
+    assert submit("--tasks-file", str(tasks), "--task", "x") == (2, "error: give --task or --tasks-file, not both")
+    assert submit("--tasks-file", str(tasks), "--concurrency", "0") == (
+        2,
+        "error: --concurrency must be 1 or more, got 0",
+    )
+
+
+def test_submit_without_a_task_says_what_to_give():
+    from typer.testing import CliRunner
+
+    from graphflow.cli import app
+
+    got = CliRunner().invoke(app, ["submit", "--address", "ray://127.0.0.1:9"])
+    assert got.exit_code == 2 and "nothing to run; give --task TEXT or --tasks-file FILE" in got.output, got.output
