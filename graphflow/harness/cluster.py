@@ -41,7 +41,7 @@ from typing import Any
 from graphflow.harness import cluster_ray
 from graphflow.harness.cluster_ray import CLIENT_PORT, GCS_PORT, RAY_TEMP_DIR, STATE_DIR
 from graphflow.harness.netns import run_checked
-from graphflow.runtime.cluster import ensure_token
+from graphflow.runtime.cluster import HEAD_ENV, ensure_token
 from graphflow.runtime.errors import Unavailable
 
 __all__ = [
@@ -109,13 +109,15 @@ class ClusterNode:
         return ["ip", "netns", "exec", self.namespace]
 
     def env(self) -> dict[str, str]:
-        """What every process of this node runs with (Ray's workers inherit it from the raylet)."""
+        """What every process of this node runs with (Ray's workers inherit it from the raylet);
+        node 0 (the head) also what ``HEAD_ENV`` sets."""
         return {
             "RAY_AUTH_MODE": "token",
             "UCX_TLS": "tcp,sm,self",  # sm reaches only this node's processes (its PID / IPC namespaces)
             "UCX_NET_DEVICES": self.device,
             "GRAPHFLOW_UCX_NET_DEVICES": self.device,
             "UCX_WARN_UNUSED_ENV_VARS": "n",
+            **(HEAD_ENV if self.index == 0 else {}),
         }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from graphflow.runtime.errors import Unavailable
 
 __all__ = [
+    "HEAD_ENV",
     "answers",
     "connect",
     "ensure_token",
@@ -28,6 +29,14 @@ __all__ = [
     "stop_head",
     "wait_for_nodes",
 ]
+
+
+# NOTE: what a head's `ray start` runs with. Ray's client proxy (the `ray://` port) forks a server per
+# client from a process whose gRPC threads are busy; with gRPC's fork handlers on (its default), that
+# child sometimes died of SIGSEGV before it started (Ray issue #63202, open at Ray 2.60; 3 fresh heads
+# of 19 here), and that client's `ray.init` failed after ~40 s (30 s of reconnect grace, 10 s of
+# log-stream retries). With the handlers off the child only execs: 0 of 40 failed (README.md).
+HEAD_ENV = {"RAY_AUTH_MODE": "token", "GRPC_ENABLE_FORK_SUPPORT": "0"}
 
 
 def _ray() -> Any:
@@ -57,9 +66,9 @@ def connect(address: str, namespace: str = "graphflow") -> Any:
     if ray.is_initialized():
         return ray
     _check_reachable(address)
-    # NOTE: the Ray client server sometimes fails to start the per-client server it needs
-    # ("Initialization failure from server") when a client connects right after another one
-    # left; that is transient, so ray:// connects are tried three times
+    # NOTE: Ray's client proxy sometimes fails to start the per-client server it needs
+    # ("Initialization failure from server"; a head started without HEAD_ENV, Ray issue #63202);
+    # that is transient, so ray:// connects are tried three times
     attempts = 3 if address.startswith("ray://") else 1
     for attempt in range(1, attempts + 1):
         try:
@@ -148,7 +157,7 @@ def start_head(port: int = 6379, client_port: int = 10001) -> str:
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "RAY_AUTH_MODE": "token"},
+        env={**os.environ, **HEAD_ENV},
     )
     if proc.returncode != 0:
         raise Unavailable(f"could not start a Ray head: {last_line(proc.stderr)}")

@@ -43,6 +43,8 @@ def test_nodes_are_named_and_addressed_by_index():
     assert (node.namespace, node.device, node.address) == ("gfc-node-2", "gfc2", "10.233.0.3")
     env = node.env()
     assert env["UCX_TLS"] == "tcp,sm,self" and env["UCX_NET_DEVICES"] == env["GRAPHFLOW_UCX_NET_DEVICES"] == "gfc2"
+    assert "GRPC_ENABLE_FORK_SUPPORT" not in env  # a worker node; only the head runs Ray's client proxy
+    assert ClusterNode.of(0).env()["GRPC_ENABLE_FORK_SUPPORT"] == "0"
 
 
 def test_the_recorded_cluster_reads_back_as_it_was_written():

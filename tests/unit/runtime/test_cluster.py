@@ -1,12 +1,15 @@
 """``wait_for_nodes``: a batch script's serve waits for its workers to join (no Ray here: a
 cluster whose ``nodes()`` answers grow as workers join); ``last_line``: what of a failed
-``ray`` command's output an error quotes; ``started_here``: which head ``shutdown`` may stop."""
+``ray`` command's output an error quotes; ``started_here``: which head ``shutdown`` may stop;
+``start_head``: what the head's ``ray start`` runs with (its command recorded, not run)."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
-from graphflow.runtime.cluster import head_record, last_line, started_here, wait_for_nodes
+from graphflow.runtime.cluster import head_record, last_line, start_head, started_here, wait_for_nodes
 from graphflow.runtime.errors import Unavailable
 
 
@@ -53,3 +56,21 @@ def test_shutdown_stops_only_a_head_serve_started_on_this_machine():
     assert started_here(head_record("127.0.0.1:6379"))
     assert not started_here(None)  # serve was given the head (--address): never stopped
     assert not started_here({**head_record("127.0.0.1:6379"), "host": "another-machine"})
+
+
+def test_a_started_head_runs_without_grpc_fork_handlers(monkeypatch):
+    """Ray's client proxy forks a server per client; with gRPC's fork handlers on, some of those
+    children died at birth (Ray issue #63202), so the head's processes run with them off."""
+    ran: list[tuple[list[str], dict[str, str]]] = []
+
+    def run(cmd, **kw):
+        ran.append((cmd, kw["env"]))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "t")  # no token to make
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # start_head sets it; restored after the test
+    monkeypatch.setattr(subprocess, "run", run)
+    assert start_head(port=6390, client_port=10009) == "127.0.0.1:6390"
+    ((cmd, env),) = ran
+    assert cmd[1:3] == ["start", "--head"] and "--ray-client-server-port=10009" in cmd
+    assert env["GRPC_ENABLE_FORK_SUPPORT"] == "0" and env["RAY_AUTH_MODE"] == "token"
