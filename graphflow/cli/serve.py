@@ -167,7 +167,7 @@ def serve(
     except BaseException:
         if started:  # NOTE: the head this call started serves nothing: leave no Ray behind
             disconnect()  # NOTE: first, or the driver prints the dying head's logs after the error
-            stop_head()
+            stop_head(head)
         raise
     info = {
         "address": head,
@@ -207,7 +207,7 @@ def serve(
             cluster.shutdown()
             if started:  # NOTE: the head this call started: the next `serve` starts its own
                 disconnect()
-                stop_head()
+                stop_head(head)
             say("stopped the replicas and the manager" + (", and the Ray head serve started" if started else ""))
 
 
@@ -216,8 +216,8 @@ def shutdown(
     address: str = typer.Option("auto", help="Ray address of the deployment."),
     stop_head: bool = typer.Option(
         True,
-        help="Also stop the Ray head `graphflow serve` started, when run on that machine (a head serve was "
-        "given with --address is never stopped).",
+        help="Also stop the Ray head `graphflow serve` started, when run on that machine: its processes and "
+        "workers only, not another Ray there (a head serve was given with --address is never stopped).",
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
@@ -236,7 +236,7 @@ def shutdown(
         disconnect()  # NOTE: leave the cluster before stopping it, or Ray logs errors after our output
     head_stopped = stop_head and started_here(head)
     if head_stopped:
-        stop()
+        stop(head["address"])
     if json_out:
         emit({"stopped": stopped, "head_stopped": head_stopped})
         return

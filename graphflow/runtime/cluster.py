@@ -181,12 +181,15 @@ def started_here(record: object) -> bool:
     return isinstance(record, dict) and record.get("host") == socket.gethostname()
 
 
-def stop_head() -> None:
-    """Stop this machine's Ray (``ray stop --force``: every Ray process here, the head that
-    ``serve`` started with them)."""
-    import subprocess
+def stop_head(address: str) -> int:
+    """Stop the Ray head at ``address`` (``host:port``, started on this machine) — its processes,
+    its workers and agents — and no other Ray here; returns how many processes were stopped."""
+    from graphflow.runtime import head_processes as hp
 
-    subprocess.run([ray_exe(), "stop", "--force"], capture_output=True)
+    port = int(address.rpartition(":")[2])
+    stopped = hp.stop_processes(hp.head_processes(port, hp.running_processes(), hp.local_addresses()))
+    hp.forget_current_cluster(port)
+    return stopped
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from graphflow.runtime.cluster import ray_exe
+from graphflow.runtime.cluster import answers, ray_exe, stop_head
 from tests.integration.helpers.cli import ENV
 from tests.integration.helpers.cli import cli as _cli
 from tests.integration.helpers.cli import last_json as _last_json
@@ -17,6 +17,10 @@ from tests.integration.helpers.cli import last_json as _last_json
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 HEAD = "127.0.0.1:6379"
+BYSTANDER = (  # NOTE: a second head here needs ports of its own, outside the first's worker ports (10002+)
+    *("--head", "--port=6391", "--ray-client-server-port=9001", "--dashboard-agent-listen-port=52366"),
+    *("--include-dashboard=false", "--disable-usage-stats", "--num-cpus=0"),
+)
 
 
 def test_serve_submit_status_shutdown(tmp_path):
@@ -150,10 +154,14 @@ def test_serve_submit_status_shutdown(tmp_path):
             env={**ENV, "RAY_AUTH_TOKEN": "not-the-token-0123456789"},
         )
         assert bad.returncode == 2 and "token" in bad.stderr.splitlines()[-1]
+        # another Ray on this machine, which shutdown must leave running
+        subprocess.run([ray_exe(), "start", *BYSTANDER], capture_output=True, env=ENV, timeout=120, check=True)
     finally:
         stopped = _last_json(_cli("shutdown", "--address", HEAD, "--json"))
     assert len(stopped["stopped"]) == 2 and stopped["head_stopped"] is True  # the head serve started, here
     assert _cli("status", "--address", HEAD, check=False, timeout=120).returncode == 2  # nothing answers there now
+    assert answers("127.0.0.1:6391") and stop_head("127.0.0.1:6391") > 3  # the bystander ran on, until now
+    assert not answers("127.0.0.1:6391")
     unreachable = _cli("status", "--address", "127.0.0.1:6390", check=False, timeout=120)
     assert unreachable.returncode == 2
 

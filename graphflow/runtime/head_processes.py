@@ -1,0 +1,121 @@
+"""The processes of one Ray head on this machine, so that ``graphflow shutdown`` stops the head
+``serve`` started and leaves every other Ray here running (``ray stop`` stops them all).
+
+A head is known by its GCS port. Its own processes name it in their arguments: the GCS server
+(``--gcs_server_port=P``), the raylet, dashboard, log monitor and autoscaler monitor
+(``--gcs-address=HOST:P``) and Ray's client proxy (``--address=HOST:P``), each with HOST one of this
+machine's addresses (a worker node here of a cluster whose head is elsewhere names that head's
+host instead). The rest — Ray's workers (the replicas among them), agents and the per-client servers
+— are their descendants. They are killed as ``ray stop --force`` kills every Ray process here (a
+head sent SIGTERM here still had two of its processes 11 s later); ``shutdown`` has stopped the
+deployment's actors before.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+__all__ = [
+    "HeadProcess",
+    "forget_current_cluster",
+    "head_processes",
+    "local_addresses",
+    "names_head",
+    "running_processes",
+    "stop_processes",
+]
+
+_ADDRESS_FLAGS = ("--gcs-address=", "--address=")
+
+
+@dataclass(frozen=True, slots=True)
+class HeadProcess:
+    """One process of the head: its pid, its parent's and its arguments."""
+
+    pid: int
+    ppid: int
+    argv: tuple[str, ...]
+
+
+def names_head(argv: Sequence[str], port: int, local: Iterable[str]) -> bool:
+    """Whether a process with arguments ``argv`` is one of the head at ``port`` on this machine,
+    ``local`` being this machine's addresses."""
+    hosts = set(local)
+    for arg in argv:
+        if arg == f"--gcs_server_port={port}":
+            return "gcs_server" in Path(argv[0]).name
+        for flag in _ADDRESS_FLAGS:
+            if arg.startswith(flag):
+                host, _, p = arg.removeprefix(flag).rpartition(":")
+                if p == str(port) and host in hosts:
+                    return True
+    return False
+
+
+def head_processes(port: int, processes: Iterable[HeadProcess], local: Iterable[str]) -> list[HeadProcess]:
+    """Of ``processes``, those that name the head at ``port`` and all their descendants."""
+    procs = list(processes)
+    children: dict[int, list[HeadProcess]] = {}
+    for p in procs:
+        children.setdefault(p.ppid, []).append(p)
+    found: dict[int, HeadProcess] = {}
+    todo = [p for p in procs if names_head(p.argv, port, local)]
+    while todo:
+        p = todo.pop()
+        if p.pid not in found:
+            found[p.pid] = p
+            todo += children.get(p.pid, [])
+    return sorted(found.values(), key=lambda p: p.pid)
+
+
+def running_processes() -> list[HeadProcess]:
+    """Every process of this machine that can be read (others' and vanished ones skipped)."""
+    out = []
+    for proc in psutil.process_iter(["pid", "ppid", "cmdline"]):
+        argv = proc.info.get("cmdline")
+        if argv:
+            out.append(HeadProcess(proc.info["pid"], proc.info["ppid"] or 0, tuple(argv)))
+    return out
+
+
+def local_addresses() -> set[str]:
+    """This machine's addresses (every interface's, the loopback ones and its host name's)."""
+    hosts = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
+    for addrs in psutil.net_if_addrs().values():
+        hosts.update(a.address.split("%")[0] for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6))
+    return hosts
+
+
+def stop_processes(procs: Sequence[HeadProcess], timeout_s: float = 10.0) -> int:
+    """Kill ``procs`` (SIGKILL, as ``ray stop --force`` does; never this process) and wait up to
+    ``timeout_s`` for them to go; returns how many were signalled."""
+    killed = []
+    for p in procs:
+        if p.pid == os.getpid():
+            continue
+        try:
+            proc = psutil.Process(p.pid)
+            proc.kill()
+            killed.append(proc)
+        except psutil.Error:
+            continue  # NOTE: gone already (a worker whose raylet went first)
+    psutil.wait_procs(killed, timeout=timeout_s)
+    return len(killed)
+
+
+def forget_current_cluster(port: int, temp_dir: str = "/tmp/ray") -> None:
+    """Remove Ray's record of the latest cluster started here (``ray_current_cluster``, which a
+    plain ``ray.init()`` joins) when it names the head at ``port``, as ``ray stop`` does."""
+    record = Path(temp_dir) / "ray_current_cluster"
+    try:
+        named = record.read_text().strip()
+    except OSError:
+        return
+    if named.rpartition(":")[2] == str(port) and named.rpartition(":")[0] in local_addresses():
+        record.unlink(missing_ok=True)
