@@ -10,13 +10,16 @@ copy bytes exactly: a rebuilt cache is bit-identical to the packed one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache, PretrainedConfig
 
 from graphflow.kv.block import ROOT_KEY, KVBlock, block_key, make_blocks_from_layers
 from graphflow.kv.errors import IncompatibleState
 from graphflow.kv.state import ModelIdentity
+
+if TYPE_CHECKING:  # NOTE: transformers is imported where a cache is made (the client never makes one)
+    from transformers import DynamicCache, PretrainedConfig
 
 __all__ = [
     "batch_cache",
@@ -164,6 +167,8 @@ def batch_cache(kvs: Sequence[torch.Tensor], config: PretrainedConfig) -> Dynami
     transformers cache holds each row's prefix in its own memory, shared or not."""
     if not kvs or len({tuple(kv.shape) for kv in kvs}) != 1:
         raise ValueError("batch_cache needs one or more KV tensors of one shape")
+    from transformers import DynamicCache
+
     cache = DynamicCache(config=config)
     for layer in range(kvs[0].shape[0]):
         keys = torch.stack([kv[layer, 0] for kv in kvs])
@@ -174,6 +179,8 @@ def batch_cache(kvs: Sequence[torch.Tensor], config: PretrainedConfig) -> Dynami
 
 def cache_from_tensor(kv: torch.Tensor, config: PretrainedConfig, device: str | torch.device = "cpu") -> DynamicCache:
     """A batch-1 ``DynamicCache`` holding ``kv`` ``[layers, 2, kv_heads, tokens, head_dim]``."""
+    from transformers import DynamicCache
+
     full = kv.to(device)
     cache = DynamicCache(config=config)
     for layer in range(full.shape[0]):

@@ -11,16 +11,18 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache, PretrainedConfig
 
 from graphflow.kv.packing import cache_length
 from graphflow.kv.state import ModelIdentity
 from graphflow.models.loading import LoadedModel, load_model
 from graphflow.models.registry import resolve
-from graphflow.models.row_cache import RowCache
 from graphflow.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # NOTE: transformers is imported where a cache is made, not by the client
+    from transformers import DynamicCache, PretrainedConfig
 
 __all__ = ["DecodeResult", "Engine", "PrefillResult", "clone_cache"]
 
@@ -73,6 +75,10 @@ class Engine:
     def new_cache(self, capacity: int | None = None) -> DynamicCache:
         """An empty cache; with ``capacity``, a :class:`~graphflow.models.row_cache.RowCache`
         with room for that many tokens reserved (full-attention models only)."""
+        from transformers import DynamicCache
+
+        from graphflow.models.row_cache import RowCache
+
         if capacity is None:
             return DynamicCache(config=self.model.config)
         dtype = next(self.model.parameters()).dtype

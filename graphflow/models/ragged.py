@@ -31,14 +31,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import DynamicCache
 
 from graphflow.kv.packing import cache_length
 from graphflow.models.gemm_padding import GemmPadding
 from graphflow.models.scratch import ScratchBuffer
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 __all__ = ["GemmPadding", "Row", "SharedPrefix", "attend", "forward_layers", "forward_rows", "unsupported"]
 

@@ -66,16 +66,18 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from transformers import DynamicCache
 
 from graphflow.models.engine import Engine
 from graphflow.models.gemm_padding import GemmPadding
 from graphflow.models.ragged import Row, SharedPrefix, forward_layers, unsupported
 from graphflow.models.threads import set_thread_parallelism
 from graphflow.runtime.batch_limits import BATCH_ROWS, MAX_BATCH_TOKENS
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 __all__ = ["Batcher", "BatcherFull", "Request"]
 

@@ -16,7 +16,6 @@ from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.differential.template_kv import TemplateKV
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks, layer_views
 from graphflow.models.engine import Engine
-from graphflow.models.row_cache import RowCache
 from graphflow.runtime.batcher import Batcher
 from graphflow.runtime.plan import NodePlan
 from scheduler.policy import Option
@@ -109,6 +108,8 @@ class NodeCompute:
     def blocks_of(self, state_tokens: list[int], cache: Any, prefix: list[KVBlock]) -> list[KVBlock]:
         """The blocks of ``state_tokens``: ``prefix`` (stored blocks) plus ``cache`` cut into blocks
         (``cache`` holds the tokens after the prefix, or all of them when there is none)."""
+        from graphflow.models.row_cache import RowCache  # NOTE: here, or the client would import transformers
+
         bt, model_key = self.block_tokens, self.engine.identity.model_key
         at = len(prefix) * bt
         if isinstance(cache, RowCache):  # the engine loop's: it becomes the blocks (RowCache.into_blocks)

@@ -91,16 +91,18 @@ def test_layers_point_one_way():
 
 def test_the_cli_starts_without_torch_or_transformers() -> None:
     """Every command's ``--help``, every bad option and every refused input answers at once:
-    importing the CLI loads neither torch nor transformers (2 s here), nor does naming the
-    replica class load transformers' model classes (another 2 s on each ``submit``, in the
-    client and in Ray's client server)."""
+    importing the CLI loads neither torch nor transformers (2 s here), nor do the client and
+    the replica class load transformers (another 0.6 s on each ``submit``, in the client and
+    again in Ray's client server; their model classes 2 s more): replicas import it where they
+    make a cache or a model."""
     import subprocess
     import sys
 
     probe = (
         "import sys; import graphflow.cli; cli = {'torch', 'transformers'} & set(sys.modules); "
-        "import graphflow.runtime.actors; model = {m for m in sys.modules if m.startswith('transformers.models.')}; "
-        "print(sorted(cli), sorted(model))"
+        "import graphflow.client, graphflow.runtime.actors; "
+        "model = {m for m in sys.modules if m.split('.')[0] == 'transformers'}; "
+        "print(sorted(cli), sorted(model)[:3])"
     )
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
     assert shown.stdout.strip() == "[] []", shown.stdout
