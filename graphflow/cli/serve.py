@@ -103,7 +103,15 @@ def serve(
     from graphflow.models.fetch import cache_root
     from graphflow.models.registry import resolve
     from graphflow.runtime.actors import HEAD_KEY, RayCluster
-    from graphflow.runtime.cluster import connect, head_record, running_head, start_head, stop_head, wait_for_nodes
+    from graphflow.runtime.cluster import (
+        connect,
+        forking_proxy,
+        head_record,
+        running_head,
+        start_head,
+        stop_head,
+        wait_for_nodes,
+    )
     from graphflow.runtime.cluster import shutdown as disconnect
     from graphflow.runtime.deployment import Deployment, gpus_for
 
@@ -143,6 +151,8 @@ def serve(
         say(f"a Ray head already runs on this machine ({running}); serving on it")
     head = address or running or start_head()
     started = not (address or running)  # this call started the head: it stops it when it fails or ends
+    if not started and (why := forking_proxy(head)):
+        say(why)
     try:
         ray = connect(address or "auto")
         if min_nodes:

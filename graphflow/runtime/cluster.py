@@ -18,6 +18,7 @@ __all__ = [
     "HEAD_ENV",
     "answers",
     "connect",
+    "forking_proxy",
     "ensure_token",
     "head_record",
     "ray_exe",
@@ -190,6 +191,24 @@ def stop_head(address: str) -> int:
     stopped = hp.stop_processes(hp.head_processes(port, hp.running_processes(), hp.local_addresses()))
     hp.forget_current_cluster(port)
     return stopped
+
+
+def forking_proxy(address: str) -> str:
+    """One sentence where the Ray head at ``address`` runs on this machine with its client proxy
+    forking under gRPC's fork handlers (started without :data:`HEAD_ENV`), else ``""``."""
+    from graphflow.runtime import head_processes as hp
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if (
+        not port.isdigit()
+        or host not in hp.local_addresses()
+        or not hp.client_proxy_forks_with_grpc_handlers(int(port))
+    ):
+        return ""
+    return (
+        f"the Ray head at {address} runs without GRPC_ENABLE_FORK_SUPPORT=0, so some Ray clients will wait ~40 s "
+        "before connecting (Ray issue #63202); start it with that variable set"
+    )
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

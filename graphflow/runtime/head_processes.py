@@ -1,5 +1,6 @@
 """The processes of one Ray head on this machine, so that ``graphflow shutdown`` stops the head
-``serve`` started and leaves every other Ray here running (``ray stop`` stops them all).
+``serve`` started and leaves every other Ray here running (``ray stop`` stops them all), and
+``serve`` can tell whether a head it joins runs its client proxy as ``HEAD_ENV`` asks.
 
 A head is known by its GCS port. Its own processes name it in their arguments: the GCS server
 (``--gcs_server_port=P``), the raylet, dashboard, log monitor and autoscaler monitor
@@ -23,6 +24,7 @@ import psutil
 
 __all__ = [
     "HeadProcess",
+    "client_proxy_forks_with_grpc_handlers",
     "forget_current_cluster",
     "head_processes",
     "local_addresses",
@@ -107,6 +109,21 @@ def stop_processes(procs: Sequence[HeadProcess], timeout_s: float = 10.0) -> int
             continue  # NOTE: gone already (a worker whose raylet went first)
     psutil.wait_procs(killed, timeout=timeout_s)
     return len(killed)
+
+
+def client_proxy_forks_with_grpc_handlers(port: int) -> bool | None:
+    """Whether the Ray client proxy of the head at ``port`` on this machine runs with gRPC's
+    fork handlers on (``GRPC_ENABLE_FORK_SUPPORT`` not ``0``: some of its per-client servers then
+    die at birth, Ray issue #63202); ``None`` where no such proxy is found or its environment
+    cannot be read."""
+    local = local_addresses()
+    for p in running_processes():
+        if "--mode=proxy" in p.argv and names_head(p.argv, port, local):
+            try:
+                return psutil.Process(p.pid).environ().get("GRPC_ENABLE_FORK_SUPPORT") != "0"
+            except psutil.Error:
+                return None
+    return None
 
 
 def forget_current_cluster(port: int, temp_dir: str = "/tmp/ray") -> None:

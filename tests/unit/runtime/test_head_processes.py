@@ -1,16 +1,20 @@
 """Which processes are one Ray head's (the arguments its processes run with, from a head started
-here with ``ray start --head --port 6399``), killing them, and Ray's record of the latest cluster;
-no Ray is started."""
+here with ``ray start --head --port 6399``), killing them, Ray's record of the latest cluster,
+and whether a head's client proxy forks with gRPC's handlers on; no Ray is started."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
 import psutil
 
+from graphflow.runtime.cluster import forking_proxy
 from graphflow.runtime.head_processes import (
     HeadProcess,
+    client_proxy_forks_with_grpc_handlers,
     forget_current_cluster,
     head_processes,
     local_addresses,
@@ -86,3 +90,26 @@ def test_the_latest_cluster_record_goes_only_when_it_names_that_head(tmp_path):
     forget_current_cluster(6398, str(tmp_path))
     assert not record.exists()
     forget_current_cluster(6398, str(tmp_path))  # none: nothing to do
+
+
+def _fake_proxy(port: int, **env: str) -> subprocess.Popen:
+    """A process whose arguments are those of the Ray client proxy of a head at ``port``."""
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "--mode=proxy", f"--address=127.0.0.1:{port}"]
+    return subprocess.Popen(argv, env={**os.environ, **env})
+
+
+def test_a_client_proxy_forking_with_grpc_handlers_is_told_apart():
+    on, off = _fake_proxy(6977), _fake_proxy(6978, GRPC_ENABLE_FORK_SUPPORT="0")
+    try:
+        for _ in range(100):  # NOTE: until both have exec'd (their arguments readable)
+            if all(psutil.Process(p.pid).cmdline()[-1].startswith("--address") for p in (on, off)):
+                break
+            time.sleep(0.05)
+        assert client_proxy_forks_with_grpc_handlers(6977) is True
+        assert client_proxy_forks_with_grpc_handlers(6978) is False
+        assert client_proxy_forks_with_grpc_handlers(6979) is None  # no head there
+        assert "GRPC_ENABLE_FORK_SUPPORT=0" in forking_proxy("127.0.0.1:6977")
+        assert forking_proxy("127.0.0.1:6978") == forking_proxy("10.0.0.9:6977") == forking_proxy("auto") == ""
+    finally:
+        on.kill()
+        off.kill()
