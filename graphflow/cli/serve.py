@@ -254,8 +254,12 @@ def shutdown(
     if head_stopped:
         out.print(f"stopped the Ray head serve started at {head['address']}")
     elif stop_head:
-        where = "on another machine" if head else "not by `graphflow serve`"
-        out.print(f"left the Ray head running (started {where}; `ray stop` on its machine stops it)")
+        why = (
+            "started on another machine; `graphflow shutdown` there stops it"
+            if head
+            else "not started by `graphflow serve`; `ray stop` on its machine stops it"
+        )
+        out.print(f"left the Ray head running ({why})")
 
 
 @user_errors
