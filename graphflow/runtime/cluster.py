@@ -77,13 +77,19 @@ def connect(address: str, namespace: str = "graphflow") -> Any:
             return ray
         except ConnectionError as exc:
             ray.shutdown()
-            if "Initialization failure from server" in str(exc) and attempt < attempts:
+            lost_server = "Initialization failure from server" in str(exc)
+            if lost_server and attempt < attempts:
                 time.sleep(2.0 * attempt)
                 continue
+            hint = (
+                f"the head's Ray client proxy lost the server it starts for each client {attempts} times; if the head "
+                "runs without GRPC_ENABLE_FORK_SUPPORT=0 (Ray issue #63202), restart it with that variable set"
+                if lost_server
+                else "Ray 2.60 clusters use token auth: set RAY_AUTH_MODE=token for both the head (ray start) and "
+                "this client, with the head's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
+            )
             raise ConnectionError(
-                f"could not connect to Ray at {address} ({str(exc).splitlines()[0]}). Ray 2.60 clusters use "
-                "token auth: set RAY_AUTH_MODE=token for both the head (ray start) and this client, with the "
-                "head's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
+                f"could not connect to Ray at {address} ({str(exc).splitlines()[0]}). {hint}"
             ) from None
     raise AssertionError("unreachable")
 

@@ -1,7 +1,8 @@
 """``wait_for_nodes``: a batch script's serve waits for its workers to join (no Ray here: a
 cluster whose ``nodes()`` answers grow as workers join); ``last_line``: what of a failed
 ``ray`` command's output an error quotes; ``started_here``: which head ``shutdown`` may stop;
-``start_head``: what the head's ``ray start`` runs with (its command recorded, not run)."""
+``start_head``: what the head's ``ray start`` runs with (its command recorded, not run);
+``connect``: which refusals it tries again and what it says (a ``ray`` whose ``init`` fails)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 
 import pytest
 
+from graphflow.runtime import cluster
 from graphflow.runtime.cluster import head_record, last_line, start_head, started_here, wait_for_nodes
 from graphflow.runtime.errors import Unavailable
 
@@ -74,3 +76,41 @@ def test_a_started_head_runs_without_grpc_fork_handlers(monkeypatch):
     ((cmd, env),) = ran
     assert cmd[1:3] == ["start", "--head"] and "--ray-client-server-port=10009" in cmd
     assert env["GRPC_ENABLE_FORK_SUPPORT"] == "0" and env["RAY_AUTH_MODE"] == "token"
+
+
+class Refusing:
+    """A ``ray`` module whose every ``init`` fails with ``error``."""
+
+    def __init__(self, error: str) -> None:
+        self.error, self.inits = error, 0
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **_kw) -> None:
+        self.inits += 1
+        raise ConnectionError(self.error)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _refused(monkeypatch, error: str) -> tuple[Refusing, str]:
+    ray = Refusing(error)
+    monkeypatch.setattr(cluster, "_ray", lambda: ray)
+    monkeypatch.setattr(cluster.time, "sleep", lambda _s: None)
+    with pytest.raises(ConnectionError) as refused:
+        cluster.connect("ray://127.0.0.1:1")  # NOTE: nothing listens there; the reachability check is skipped
+    return ray, str(refused.value)
+
+
+def test_a_lost_client_server_is_tried_three_times_and_named(monkeypatch):
+    monkeypatch.setattr(cluster, "_check_reachable", lambda _a: None)
+    ray, said = _refused(monkeypatch, "Initialization failure from server:\nTraceback …")
+    assert ray.inits == 3 and "GRPC_ENABLE_FORK_SUPPORT=0" in said and "token" not in said
+
+
+def test_a_refused_token_is_tried_once_and_explained(monkeypatch):
+    monkeypatch.setattr(cluster, "_check_reachable", lambda _a: None)
+    ray, said = _refused(monkeypatch, "Authentication failed")
+    assert ray.inits == 1 and "RAY_AUTH_MODE=token" in said and "GRPC" not in said
