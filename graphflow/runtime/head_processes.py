@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,22 +45,24 @@ class HeadProcess:
     argv: tuple[str, ...]
 
 
-def names_head(argv: Sequence[str], port: int, local: Iterable[str]) -> bool:
+def _is_head(endpoint: str, port: int, local: Collection[str]) -> bool:
+    """Whether ``endpoint`` (``host:port``) is ``port`` on one of the ``local`` hosts."""
+    host, _, p = endpoint.rpartition(":")
+    return p == str(port) and host in local
+
+
+def names_head(argv: Sequence[str], port: int, local: Collection[str]) -> bool:
     """Whether a process with arguments ``argv`` is one of the head at ``port`` on this machine,
     ``local`` being this machine's addresses."""
-    hosts = set(local)
     for arg in argv:
         if arg == f"--gcs_server_port={port}":
             return "gcs_server" in Path(argv[0]).name
-        for flag in _ADDRESS_FLAGS:
-            if arg.startswith(flag):
-                host, _, p = arg.removeprefix(flag).rpartition(":")
-                if p == str(port) and host in hosts:
-                    return True
+        if any(arg.startswith(f) and _is_head(arg.removeprefix(f), port, local) for f in _ADDRESS_FLAGS):
+            return True
     return False
 
 
-def head_processes(port: int, processes: Iterable[HeadProcess], local: Iterable[str]) -> list[HeadProcess]:
+def head_processes(port: int, processes: Iterable[HeadProcess], local: Collection[str]) -> list[HeadProcess]:
     """Of ``processes``, those that name the head at ``port`` and all their descendants."""
     procs = list(processes)
     children: dict[int, list[HeadProcess]] = {}
@@ -134,5 +136,5 @@ def forget_current_cluster(port: int, temp_dir: str = "/tmp/ray") -> None:
         named = record.read_text().strip()
     except OSError:
         return
-    if named.rpartition(":")[2] == str(port) and named.rpartition(":")[0] in local_addresses():
+    if _is_head(named, port, local_addresses()):
         record.unlink(missing_ok=True)
