@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
-from torch_geometric.nn import GCNConv
+
+from graphflow.workflow.gcn import GCNLayer
 
 __all__ = ["GeneratorConfig", "WorkflowGenerator"]
 
@@ -54,7 +55,7 @@ class WorkflowGenerator(nn.Module):
         self.config = config
         c = config
         dims = [c.in_dim] + [c.hidden] * c.layers
-        self.convs = nn.ModuleList(GCNConv(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
+        self.convs = nn.ModuleList(GCNLayer(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
         self.task_proj = nn.Linear(c.in_dim, c.hidden)
         mlp_in = c.hidden * (3 if c.task_in_mlp else 2)
         self.mlp = nn.Sequential(nn.Linear(mlp_in, c.hidden), nn.ReLU(), nn.Linear(c.hidden, 1))
@@ -62,7 +63,7 @@ class WorkflowGenerator(nn.Module):
 
     def reset_parameters(self) -> None:
         for conv in self.convs:
-            assert isinstance(conv, GCNConv)
+            assert isinstance(conv, GCNLayer)
             conv.reset_parameters()
         self.task_proj.reset_parameters()
         for layer in self.mlp:
