@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -23,6 +24,7 @@ from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.deployment import TRANSPORTS, Deployment, gpu_shortfall, replica_threads
 from graphflow.runtime.errors import Unavailable, load_or_why
+from graphflow.runtime.owners import gone_jobs, watch_owners
 from graphflow.runtime.replica import ReplicaWorker
 from graphflow.runtime.replica_config import ReplicaConfig
 from graphflow.runtime.stats import NodeInfo, ReplicaStats
@@ -71,6 +73,13 @@ class ReplicaActor(ReplicaWorker):
 
         node = config.node or ray.get_runtime_context().get_node_id()
         super().__init__(replace(config, node=node, host=config.host or ray.util.get_node_ip_address()))
+        self._owners_stop = threading.Event()
+        gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]  # NOTE: set when connected
+        watch_owners(self, lambda jobs: gone_jobs(gcs, jobs), self._owners_stop)
+
+    def close(self) -> None:
+        self._owners_stop.set()
+        super().close()
 
     # NOTE: ray.method's stubs type the method as a remote method; the override is the same method
     @ray.method(concurrency_group=STATUS_GROUP)
@@ -220,6 +229,7 @@ class RayCluster:
         self._manager = manager
         self._board = board
         self.lost: list[str] = []  # replicas found dead (their blocks forgotten)
+        self.owner = ray.get_runtime_context().get_job_id()  # this client's Ray job (NodePlan.owner)
         self.snapshot_note = ""  # why the last restarted manager did not load the snapshot ("" if it did)
 
     @classmethod

@@ -13,6 +13,9 @@ class Cluster(Protocol):
     """What the executor needs from a deployment (Ray actors or in-process workers)."""
 
     replicas: list[str]
+    # who runs the workflows (a Ray job id): replicas end the runs of an owner that is gone, so a
+    # killed client does not protect its states from eviction forever ('' = never gone)
+    owner: str
 
     def call(self, replica: str, method: str, *args: Any) -> Any: ...  # returns a handle
     def manager(self, method: str, *args: Any) -> Any: ...  # returns the value

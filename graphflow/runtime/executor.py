@@ -301,6 +301,7 @@ class WorkflowExecutor:
             template=tmpl,
             next_use=soon,
             await_tokens=awaits,
+            owner=self.cluster.owner,
         )
 
     def _launch(self, plan: NodePlan, d: Decision, ctx: list[int]) -> list[Any]:

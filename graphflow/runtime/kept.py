@@ -42,6 +42,7 @@ class KeptStates:
         self.weights = weights or EvictionWeights()
         self._held: dict[str, _Held] = {}  # oldest first
         self._next_use: dict[str, dict[str, int]] = {}  # run id → state id → steps until a node needs it
+        self._owner: dict[str, str] = {}  # run id → the client that runs it ('' = unknown)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._held)
@@ -64,13 +65,29 @@ class KeptStates:
             held.hits += 1
             held.last_used_s = now
 
-    def note_next_use(self, run_id: str, steps: Iterable[tuple[str, int]]) -> None:
-        """A run's latest view of when its states are needed (empty: the run needs none)."""
+    def note_next_use(self, run_id: str, steps: Iterable[tuple[str, int]], owner: str = "") -> None:
+        """A run's latest view of when its states are needed (empty: the run needs none);
+        ``owner`` names the client running it, for :meth:`end_runs_of`."""
         table = dict(steps)
         if table:
             self._next_use[run_id] = table
+            self._owner[run_id] = owner
         else:
             self._next_use.pop(run_id, None)
+            self._owner.pop(run_id, None)
+
+    def run_owners(self) -> set[str]:
+        """The clients of the runs whose next uses are recorded (unknown ones left out)."""
+        return {o for o in self._owner.values() if o}
+
+    def end_runs_of(self, owners: Iterable[str]) -> list[str]:
+        """Forget the next uses of every run of ``owners`` (clients that are gone and will never
+        end their runs): their states stop being protected. Returns the run ids forgotten."""
+        gone = set(owners)
+        runs = [r for r, o in self._owner.items() if o and o in gone]
+        for r in runs:
+            self.note_next_use(r, ())
+        return runs
 
     def needed_now(self) -> set[str]:
         """States a node that is ready now will read (its plan may already be on the way)."""

@@ -38,6 +38,7 @@ class LocalCluster:
         if replicas <= 0:
             raise ValueError(f"need at least one replica, got {replicas}")
         self.replicas = [f"replica-{i}" for i in range(replicas)]
+        self.owner = ""  # in-process workers outlive no client: runs end only through end_run
         self.workers = {
             r: ReplicaWorker(
                 ReplicaConfig(

@@ -44,7 +44,8 @@ class NodePlan:
     node needs them (0: a node that is ready now), which eviction honours. ``await_tokens``:
     the context's first ``await_tokens`` tokens are arriving at this replica in another node's
     transfer; the node waits for them to land before it looks up its prefix
-    (:mod:`graphflow.runtime.arrivals`)."""
+    (:mod:`graphflow.runtime.arrivals`). ``owner`` names the client running the workflow
+    (``Cluster.owner``): once it is gone, the replica stops honouring its ``next_use``."""
 
     state_id: str
     tokens: tuple[int, ...]
@@ -59,6 +60,7 @@ class NodePlan:
     template: TemplateRef | None = None
     next_use: tuple[tuple[str, int], ...] = ()
     await_tokens: int = 0
+    owner: str = ""
 
     def __post_init__(self) -> None:
         lo, hi = self.receive

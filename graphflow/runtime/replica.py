@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -91,6 +91,7 @@ class ReplicaWorker:
         held = KeptStates(config.eviction, clock)
         self.kept = ReplicaStore(store, held, config.name, self.engine.identity.model_key, config.block_tokens)
         self.store, self._held, self._lock = store, held, self.kept.lock  # NOTE: one lock for every store mutation
+        self.abandoned_runs = 0  # runs ended here because their client went away (end_runs_of)
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
         self.templates = _templates(self.engine, config)
@@ -223,6 +224,19 @@ class ReplicaWorker:
         with self._lock:
             self._held.note_next_use(run_id, ())
 
+    def run_owners(self) -> set[str]:
+        """The clients whose runs protect states here (the executors' ``Cluster.owner``)."""
+        with self._lock:
+            return self._held.run_owners()
+
+    def end_runs_of(self, owners: Iterable[str]) -> int:
+        """``end_run`` for every run of ``owners``, clients that are gone (killed, disconnected)
+        and so will never end them; returns how many runs that ended."""
+        with self._lock:
+            ended = len(self._held.end_runs_of(owners))
+            self.abandoned_runs += ended
+            return ended
+
     def release(self, state_id: str) -> int:
         return self.kept.release(state_id)
 
@@ -295,6 +309,7 @@ class ReplicaWorker:
             queue=self.queue_length(),
             shared_prefix_copies=self.nodes.prefixes.built,
             protected_states=len(self._held.needed_now()),
+            abandoned_runs=self.abandoned_runs,
             cpu_s=time.process_time(),
             engine_busy_s=loop.busy_s if loop else 0.0,
             padded_rows=tuple(sorted(loop.padding.padded.items())) if loop and loop.padding else (),

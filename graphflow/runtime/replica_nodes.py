@@ -87,7 +87,7 @@ class NodeRunner:
         start = time.perf_counter()
         ids = list(plan.tokens)
         with self._lock:
-            self.held.note_next_use(plan.run_id, plan.next_use)
+            self.held.note_next_use(plan.run_id, plan.next_use, plan.owner)
         notes: list[str] = []
         marks: list[tuple[str, float]] = []
         local, received, moved, evicted = self._prefix(plan, ids, n_tmpl, notes, marks)

@@ -22,6 +22,19 @@ BYSTANDER = (  # NOTE: a second head here needs ports of its own, outside the fi
     *("--include-dashboard=false", "--disable-usage-stats", "--num-cpus=0"),
 )
 
+ABANDON = f"""
+import ray
+from graphflow.runtime.actors import RayCluster
+from graphflow.runtime.plan import NodePlan
+ray.init(address="{HEAD}", namespace="graphflow", log_to_driver=False)
+cluster = RayCluster.attach(ray)
+r0 = cluster.replicas[0]
+ids = cluster.get(cluster.call(r0, "encode", "A client that leaves mid-run. " * 4))
+plan = NodePlan("gone-run:n1", tuple(ids), 1, next_use=(("gone-run:n1", 0),), owner=cluster.owner)
+cluster.get(cluster.call(r0, "run_node", plan))
+assert cluster.get(cluster.call(r0, "stats")).protected_states == 1
+"""
+
 
 def test_serve_submit_status_shutdown(tmp_path):
     subprocess.run([ray_exe(), "stop", "--force"], capture_output=True)  # a clean slate if an earlier run left Ray
@@ -154,6 +167,15 @@ def test_serve_submit_status_shutdown(tmp_path):
             env={**ENV, "RAY_AUTH_TOKEN": "not-the-token-0123456789"},
         )
         assert bad.returncode == 2 and "token" in bad.stderr.splitlines()[-1]
+        # a client gone mid-run (it ran a node that protects a state, then exited without ending its run):
+        # the replica asks Ray, finds its job ended, ends the run, and the state is evictable again
+        left = subprocess.run([sys.executable, "-c", ABANDON], env=ENV, capture_output=True, text=True, timeout=300)
+        assert left.returncode == 0, left.stderr[-3000:]
+        for _ in range(20):
+            replicas = _last_json(_cli("status", "--address", HEAD, "--json"))["replicas"]
+            if sum(r["abandoned_runs"] for r in replicas) == 1:
+                break
+        assert [(r["protected_states"], r["abandoned_runs"]) for r in replicas] == [(0, 1), (0, 0)], replicas
         # another Ray on this machine, which shutdown must leave running
         subprocess.run([ray_exe(), "start", *BYSTANDER], capture_output=True, env=ENV, timeout=120, check=True)
     finally:

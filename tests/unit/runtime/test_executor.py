@@ -92,6 +92,26 @@ def test_a_finished_run_leaves_no_state_protected(cluster):
     assert all(s.protected_states == 0 for s in cluster.stats())
 
 
+def test_a_gone_clients_protected_states_are_freed_by_ending_its_runs(cluster, monkeypatch):
+    """A client killed mid-run never sends ``end_run``; its plans name it (``Cluster.owner``), so
+    the replicas end its runs once told it is gone (what the Ray actor's watch does)."""
+    ex = _executor(cluster, link_bw=1e12, prefill_b=1e-2)
+    ids = cluster.workers["replica-0"].encode(TASK + "(abandoned)")
+    fan = compile_workflow(fan_out_workflow(4))
+    call = cluster.call
+    monkeypatch.setattr(cluster, "owner", "job-gone")
+    monkeypatch.setattr(cluster, "call", lambda r, m, *a: call(r, "queue_length") if m == "end_run" else call(r, m, *a))
+    ex.run(fan, ids, "abandoned-1")  # its end_run calls never arrive, as from a killed client
+    assert sum(s.protected_states for s in cluster.stats()) > 0
+    workers = [cluster.workers[r] for r in cluster.replicas]
+    assert set().union(*(w.run_owners() for w in workers)) == {"job-gone"}
+    assert sum(w.end_runs_of({"job-alive"}) for w in workers) == 0
+    ended = sum(w.end_runs_of({"job-gone"}) for w in workers)
+    assert ended >= 1 and all(w.run_owners() == set() for w in workers)
+    stats = cluster.stats()
+    assert all(s.protected_states == 0 for s in stats) and sum(s.abandoned_runs for s in stats) == ended
+
+
 def test_replica_rejects_an_empty_node(cluster):
     with pytest.raises(ValueError, match="at least one context token"):
         cluster.workers["replica-0"].run_node(NodePlan("x", (), 2))
