@@ -37,7 +37,7 @@ def write_states(
             "state_id": [x.state_id for x in s],
             "model_id": [x.model_id for x in s],
             "config_hash": [x.config_hash for x in s],
-            "block_keys": pa.array([list(x.block_keys) for x in s], pa.list_(pa.uint64())),
+            "block_keys": _list_column([np.asarray(x.block_keys, dtype=np.uint64) for x in s], pa.uint64()),
             "offset": pa.array([x.position.offset for x in s], pa.int64()),
             "num_tokens": pa.array([x.position.num_tokens for x in s], pa.int64()),
             "rope_theta": pa.array([x.position.rope.theta for x in s], pa.float64()),
@@ -47,7 +47,7 @@ def write_states(
             "replica": [x.placement.replica for x in s],
             "node": [x.placement.node for x in s],
             "device": [x.placement.device for x in s],
-            "token_ids": pa.array([r.token_ids for r in records], pa.list_(pa.int32())),
+            "token_ids": _list_column([np.frombuffer(r.token_bytes, dtype="<i4") for r in records], pa.int32()),
         }
     )
     meta = {
@@ -56,6 +56,16 @@ def write_states(
         "graphflow.replicas": json.dumps([asdict(r) for r in replicas]),
     }
     pq.write_table(table.replace_schema_metadata(meta), str(path))
+
+
+def _list_column(parts: Sequence[np.ndarray], kind: pa.DataType) -> pa.Array:
+    """One list<kind> column from per-row arrays, built from their concatenation and offsets.
+    NOTE: a Python list per row (``pa.array([...])``) made most of a snapshot's time: 1.0 of
+    1.1 s for 30,000 states of 300 tokens (scratch profile)."""
+    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    values = np.concatenate(parts) if parts else np.zeros(0)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(kind.to_pandas_dtype(), copy=False)))
 
 
 def read_states(path: Path) -> tuple[list[StateRecord], list[ReplicaInfo], int]:
