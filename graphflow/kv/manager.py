@@ -7,6 +7,13 @@ batched events; a workflow node needs at most two round trips:
    match so it is not evicted while the node runs;
 2. ``apply(events)`` — the node's admits (new blocks + state with lineage) and evictions.
 
+When a workflow run is over, ``end_run(run, now_s)``: its state records (the tokens each
+covers, its lineage) are kept ``retain_ended_s`` longer, for lineage queries and recovery
+plans, then forgotten. Without that the records of every node ever served stayed, and a
+snapshot, which writes them all and holds the manager meanwhile, grew with the deployment's age
+(0.16 / 0.25 / 0.80 s after 2,000 / 10,000 / 30,000 nodes in a scratch run). The block
+catalog's evicted rows stay (admits check parents against every key ever admitted).
+
 Times are passed in (``now_s``), never read from a clock here (only snapshot pacing,
 ``graphflow.kv.manager_snapshot.SnapshotPacer``, reads a monotonic clock).
 """
@@ -48,6 +55,7 @@ __all__ = [
     "EvictEvent",
     "EvictionPlan",
     "KVStateManager",
+    "RETAIN_ENDED_S",
     "NodeLookup",
     "PrefixMatch",
     "RecoveryPlan",
@@ -58,12 +66,25 @@ __all__ = [
 ]
 
 
+RETAIN_ENDED_S = 600.0
+
+
 class KVStateManager:
     """Catalog + states + replicas; see the module docstring for the call pattern."""
 
-    def __init__(self, block_tokens: int = 16, epoch_s: float = 0.0, weights: EvictionWeights | None = None) -> None:
+    def __init__(
+        self,
+        block_tokens: int = 16,
+        epoch_s: float = 0.0,
+        weights: EvictionWeights | None = None,
+        retain_ended_s: float = RETAIN_ENDED_S,
+    ) -> None:
         if block_tokens <= 0:
             raise ValueError(f"block_tokens must be positive, got {block_tokens}")
+        if not retain_ended_s >= 0:
+            raise ValueError(f"retain_ended_s must be 0 or more seconds, got {retain_ended_s}")
+        self.retain_ended_s = retain_ended_s
+        self._ended: dict[str, float] = {}  # run → when it ended, oldest first (records still kept)
         self.block_tokens = block_tokens
         self.catalog = Catalog(epoch_s)
         self.weights = weights or EvictionWeights()
@@ -210,6 +231,19 @@ class KVStateManager:
             raise ValueError(f"state {state.state_id!r} references {len(missing)} blocks that were never admitted")
         record_copies(self.catalog, batch, now_s)
         self._states.add(ev.record)
+
+    def state_ids(self) -> list[str]:
+        """The states whose records it keeps, in admission order."""
+        return [r.state.state_id for r in self._states]
+
+    def end_run(self, run: str, now_s: float) -> int:
+        """``run`` is over (no more admits will name its states); its records go once
+        ``retain_ended_s`` has passed, checked at each call. Returns the records forgotten now."""
+        self._ended[run] = now_s
+        due = [r for r, ended_s in self._ended.items() if now_s - ended_s >= self.retain_ended_s]
+        for r in due:
+            del self._ended[r]
+        return sum(self._states.forget_run(r) for r in due)
 
     # ---- queries -------------------------------------------------------------------------
     def locate(self, key: int) -> list[str]:

@@ -3,7 +3,9 @@
 A plain class: each :class:`~graphflow.kv.events.StateRecord` by id, and for each state the
 states derived from it, so ``ancestors`` (what a state was built from) and ``descendants``
 (what was built from it) are walks rather than scans. The manager checks an admit before
-adding it; this index only keeps the records and their links.
+adding it; this index only keeps the records and their links. A run's states (ids
+``run:node``, as the executor names them) can be forgotten together once the run is over
+(:meth:`forget_run`), so the index holds what runs now, not every state ever served.
 """
 
 from __future__ import annotations
@@ -12,13 +14,19 @@ from collections.abc import Iterable, Iterator
 
 from graphflow.kv.events import StateRecord
 
-__all__ = ["StateIndex"]
+__all__ = ["StateIndex", "run_of"]
+
+
+def run_of(state_id: str) -> str:
+    """The run a state belongs to: ``run`` of ``run:node`` ('' for an id without one)."""
+    return state_id.rpartition(":")[0]
 
 
 class StateIndex:
     def __init__(self, records: Iterable[StateRecord] = ()) -> None:
         self._records: dict[str, StateRecord] = {}
         self._children: dict[str, set[str]] = {}
+        self._runs: dict[str, list[str]] = {}  # run → its state ids, in admission order
         for rec in records:
             self.add(rec)
 
@@ -28,6 +36,32 @@ class StateIndex:
         self._records[sid] = rec
         for p in rec.state.lineage.parents:
             self._children.setdefault(p, set()).add(sid)
+        if run_of(sid):
+            self._runs.setdefault(run_of(sid), []).append(sid)
+
+    def forget_run(self, run: str) -> int:
+        """Drop the records of ``run``'s states, except those another run's state was derived
+        from (with their ancestors in the run), so every kept record's parents stay known.
+        Returns how many records were dropped."""
+        ids = self._runs.pop(run, [])
+        members = set(ids)
+        kept: set[str] = set()
+        for sid in ids:
+            if self._children.get(sid, set()) - members:
+                kept.add(sid)
+                kept.update(a for a in self.ancestors(sid) if a in members)
+        gone = [sid for sid in ids if sid not in kept]
+        for sid in gone:
+            for p in self._records.pop(sid).state.lineage.parents:
+                siblings = self._children.get(p)
+                if siblings is not None:
+                    siblings.discard(sid)
+                    if not siblings:
+                        del self._children[p]
+            self._children.pop(sid, None)
+        if kept:
+            self._runs[run] = [sid for sid in ids if sid in kept]
+        return len(gone)
 
     def __contains__(self, state_id: object) -> bool:
         return state_id in self._records

@@ -351,8 +351,10 @@ class WorkflowExecutor:
         raise Unavailable(ALL_LOST)
 
     def _end_run(self, run_id: str) -> None:
-        """Tell every live replica the run is over (a lost one is dropped, as anywhere else)."""
+        """Tell every live replica the run is over (a lost one is dropped, as anywhere else),
+        and the manager, which forgets the run's state records a while later."""
         self.failures.tell_all("end_run", run_id)
+        self.cluster.manager("end_run", run_id, self.clock())
 
     # ---- helpers -------------------------------------------------------------------------
     def _check_pin(self, gs: ExecGraph, pin: Mapping[str, str]) -> None:

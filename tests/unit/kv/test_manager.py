@@ -181,6 +181,27 @@ def test_state_records_round_trip_through_their_table(tmp_path):
     assert records[0].token_bytes == b"" and records[-1].token_ids == [2**31 - 1, 0, 123_456_789]
 
 
+def test_an_ended_runs_records_are_kept_a_while_then_forgotten(tmp_path):
+    mgr = KVStateManager(block_tokens=BT, retain_ended_s=10.0)
+    mgr.add_replica(ReplicaInfo("r0", node="n0", budget_bytes=10 * NB))
+    _admit(mgr, "r0", "run-1:ROOT", list(range(8)))
+    keys = _admit(mgr, "r0", "run-1:n1", list(range(12)), parents=("run-1:ROOT",))
+    _admit(mgr, "r0", "run-2:ROOT", list(range(100, 108)))
+    assert mgr.end_run("run-1", 5.0) == 0  # kept for lineage and recovery a while
+    assert mgr.ancestors("run-1:n1") == ["run-1:ROOT"] and mgr.recovery_plan("run-1:n1", "r0").recompute_tokens == 0
+    assert mgr.end_run("run-2", 14.9) == 0 and "run-1:n1" in mgr.state_ids()
+    assert mgr.end_run("run-3", 15.0) == 2  # run-1 ended 10 s ago
+    with pytest.raises(ValueError, match="unknown state 'run-1:n1'"):
+        mgr.state("run-1:n1")
+    assert mgr.longest_prefix(keys)[0].num_blocks == len(keys)  # its blocks are still found and reused
+    mgr.check_integrity()
+    mgr.snapshot(tmp_path)
+    back = KVStateManager.restore(tmp_path)
+    assert back.state_ids() == ["run-2:ROOT"]
+    with pytest.raises(ValueError, match="retain_ended_s must be 0 or more"):
+        KVStateManager(retain_ended_s=-1.0)
+
+
 def test_snapshot_of_other_version_is_refused(mgr, tmp_path):
     import pyarrow.parquet as pq
 

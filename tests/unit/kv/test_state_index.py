@@ -28,3 +28,16 @@ def test_an_unknown_state_is_a_clear_error():
         StateIndex().get("x")
     with pytest.raises(ValueError, match="unknown state 'x'"):
         StateIndex().descendants("x")
+
+
+def test_a_runs_records_are_forgotten_together_keeping_what_other_runs_derive_from():
+    #   r1:ROOT ─► r1:a ─► r1:b        r2:x derives from r1:a (another run)
+    index = StateIndex(
+        [record("r1:ROOT"), record("r1:a", "r1:ROOT"), record("r1:b", "r1:a"), record("r2:x", "r1:a"), record("loose")]
+    )
+    assert index.forget_run("r1") == 1  # r1:b; r1:a and its ancestor stay, r2:x is derived from r1:a
+    assert "r1:b" not in index and index.ancestors("r2:x") == ["r1:a", "r1:ROOT"]
+    assert index.descendants("r1:ROOT") == ["r1:a", "r2:x"]
+    assert index.forget_run("r2") == 1 and index.descendants("r1:a") == []
+    assert index.forget_run("r1") == 2 and [r.state.state_id for r in index] == ["loose"]
+    assert index.forget_run("r1") == 0 and index.forget_run("") == 0  # an id without a run is never grouped

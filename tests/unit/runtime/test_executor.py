@@ -5,6 +5,7 @@ import json
 import pytest
 
 from graphflow.client import calibrate_cluster, measure_link
+from graphflow.kv.manager import RETAIN_ENDED_S
 from graphflow.runtime.executor import WorkflowExecutor
 from graphflow.runtime.local import LocalCluster
 from graphflow.runtime.plan import NodePlan
@@ -90,6 +91,20 @@ def test_a_finished_run_leaves_no_state_protected(cluster):
     with pytest.raises(ValueError):
         ex.run(fan, ids, "protect-2", pin={"nope": "replica-0"})  # refused before any node ran
     assert all(s.protected_states == 0 for s in cluster.stats())
+
+
+def test_a_finished_run_is_ended_at_the_manager_which_forgets_its_states_later(cluster):
+    ex = _executor(cluster, link_bw=1e12, prefill_b=1e-2)
+    ids = cluster.workers["replica-0"].encode(TASK + "(forgotten)")
+    ex.run(compile_workflow(fan_out_workflow(2)), ids, "forget-1")
+    mine = [s for s in cluster.manager("state_ids") if s.startswith("forget-1:")]
+    assert len(mine) == 5  # the root and each node of the workflow, kept for now
+    later = ex.clock() + RETAIN_ENDED_S
+    assert cluster.manager("end_run", "another-run", later) >= len(mine)
+    assert not [s for s in cluster.manager("state_ids") if s.startswith("forget-1:")]
+    cluster.manager("check_integrity")
+    again = ex.run(compile_workflow(fan_out_workflow(2)), ids, "forget-2")  # its blocks are still reused
+    assert again.trace[0].prefill_tokens < len(ids)
 
 
 def test_a_gone_clients_protected_states_are_freed_by_ending_its_runs(cluster, monkeypatch):
