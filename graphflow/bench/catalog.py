@@ -20,7 +20,7 @@ from graphflow.kv.catalog import BlockBatch
 from graphflow.kv.manager import AdmitEvent, KVStateManager, ReplicaInfo, StateRecord
 from graphflow.kv.state import KVState, Lineage, Placement, Positions, RopeInfo
 
-__all__ = ["CatalogBench", "bench_catalog"]
+__all__ = ["CatalogBench", "admit_event", "bench_catalog"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +39,13 @@ class CatalogBench:
         return asdict(self)
 
 
-def _event(i: int, keys: np.ndarray, replica: str, block_tokens: int) -> AdmitEvent:
+def admit_event(state_id: str, keys: np.ndarray, replica: str, block_tokens: int) -> AdmitEvent:
+    """What a replica reports for a state of ``keys`` (a chain from the root), tokens included."""
     n = len(keys)
     parents = np.concatenate((np.zeros(1, dtype=np.uint64), keys[:-1]))
     batch = BlockBatch(
         replica=replica,
-        state=f"s{i}",
+        state=state_id,
         key=keys,
         parent_key=parents,
         position_offset=np.arange(n, dtype=np.int32) * block_tokens,
@@ -53,7 +54,7 @@ def _event(i: int, keys: np.ndarray, replica: str, block_tokens: int) -> AdmitEv
         checksum=keys ^ np.uint64(0x9E3779B97F4A7C15),
     )
     state = KVState(
-        f"s{i}",
+        state_id,
         "bench",
         "0",
         tuple(keys.tolist()),
@@ -79,7 +80,7 @@ def bench_catalog(
     keys = rng.permutation(keys)[:blocks]
     replicas = [f"r{i}" for i in range(4)]
     events = [
-        _event(i, keys[lo : lo + blocks_per_state], replicas[i % 4], 16)
+        admit_event(f"s{i}", keys[lo : lo + blocks_per_state], replicas[i % 4], 16)
         for i, lo in enumerate(range(0, blocks, blocks_per_state))
     ]
     say(f"registering {blocks:,} blocks in {len(events)} admit events")

@@ -148,6 +148,33 @@ def bench_catalog_cmd(
     out.print(table)
 
 
+@app.command("manager-life")
+@user_errors
+def bench_manager_life_cmd(
+    nodes: str = typer.Option("2000,10000,30000", help="Comma-separated node counts to measure at."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """The KV manager over a deployment's life: catalog rows, state records kept and snapshot
+    time after each count of nodes served, with runs ended (as the executor does) and without."""
+    from graphflow.bench.manager_life import bench_manager_life
+
+    rows = bench_manager_life(ints(nodes, "--nodes"), say=say)
+    if json_out:
+        emit({"rows": [r.to_dict() for r in rows]})
+        return
+    table = folding_table("runs ended", "nodes", "catalog rows", "live blocks", "states kept", "snapshot s")
+    for r in rows:
+        table.add_row(
+            "yes" if r.runs_ended else "no",
+            f"{r.nodes:,}",
+            f"{r.catalog_rows:,}",
+            f"{r.live_blocks:,}",
+            f"{r.states_kept:,}",
+            f"{r.snapshot_s:.3f}",
+        )
+    out.print(table)
+
+
 @app.command("prefill")
 @user_errors
 def bench_prefill_cmd(

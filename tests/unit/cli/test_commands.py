@@ -34,6 +34,16 @@ def test_bench_prefill_json():
     assert all(r["kv_bytes_per_token"] == 512 and r["prefill_s_median"] > 0 for r in rows)
 
 
+def test_bench_manager_life_json():
+    result = runner.invoke(app, ["bench", "manager-life", "--nodes", "20,40", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output.strip().splitlines()[-1])["rows"]
+    assert [(r["runs_ended"], r["nodes"]) for r in rows] == [(True, 20), (True, 40), (False, 20), (False, 40)]
+    assert [r["states_kept"] for r in rows] == [20, 40, 20, 40]  # under ten minutes of runs: all kept
+    bad = runner.invoke(app, ["bench", "manager-life", "--nodes", "40,20"])
+    assert bad.exit_code == 2 and "increasing positive node counts" in bad.output
+
+
 def test_bad_token_list():
     result = runner.invoke(app, ["bench", "prefill", "--tokens", "1k", "--json"])
     assert result.exit_code == 2
