@@ -64,6 +64,16 @@ REPLICA_ENV = {
 }
 
 
+def _tell_manager_runs_ended(runs: list[str]) -> None:
+    """``end_run`` at the deployment's manager for runs whose client is gone (not waited for:
+    a manager that is down is restarted by the next client, from a snapshot that still holds them)."""
+    import ray
+
+    manager = ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
+    for run in runs:
+        manager.end_run.remote(run, time.time())
+
+
 class ReplicaActor(ReplicaWorker):
     """The Ray actor of a replica: a ``ReplicaWorker`` that knows its Ray node; its cheap calls
     (queue length, stats) run on the ``status`` concurrency group, never behind its nodes."""
@@ -75,7 +85,7 @@ class ReplicaActor(ReplicaWorker):
         super().__init__(replace(config, node=node, host=config.host or ray.util.get_node_ip_address()))
         self._owners_stop = threading.Event()
         gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]  # NOTE: set when connected
-        watch_owners(self, lambda jobs: gone_jobs(gcs, jobs), self._owners_stop)
+        watch_owners(self, lambda jobs: gone_jobs(gcs, jobs), self._owners_stop, _tell_manager_runs_ended)
 
     def close(self) -> None:
         self._owners_stop.set()

@@ -8,8 +8,9 @@ killed with SIGKILL still protected minutes later). Each node plan names its cli
 :data:`OWNER_CHECK_S` the replica actor asks Ray which of the clients of its recorded runs have
 ended and ends their runs (``ReplicaWorker.end_runs_of``). Ray marks a Ray-client connection's
 job dead when its per-client server exits, about 30 s after the client is lost (Ray's reconnect
-grace), so the states are released within a minute of that. A plan without an owner (the
-in-process cluster of the tests and ``LocalCluster``) is never ended this way.
+grace), so the states are released within a minute of that, and the actor tells the KV manager
+those runs are over (``KVStateManager.end_run``), as their executor would have. A plan without an
+owner (the in-process cluster of the tests and ``LocalCluster``) is never ended this way.
 """
 
 from __future__ import annotations
@@ -26,17 +27,17 @@ OWNER_CHECK_S = 15.0
 
 class _Owned(Protocol):
     def run_owners(self) -> set[str]: ...
-    def end_runs_of(self, owners: Iterable[str]) -> int: ...
+    def end_runs_of(self, owners: Iterable[str]) -> list[str]: ...
 
 
-def end_gone_owners(replica: _Owned, gone: Callable[[set[str]], set[str]]) -> int:
-    """End the runs whose client ``gone`` reports ended; returns how many runs that ended.
-    ``gone`` is asked only when some run names its client."""
+def end_gone_owners(replica: _Owned, gone: Callable[[set[str]], set[str]]) -> list[str]:
+    """End the runs whose client ``gone`` reports ended; returns those runs. ``gone`` is asked
+    only when some run names its client."""
     owners = replica.run_owners()
     if not owners:
-        return 0
+        return []
     ended = gone(owners)
-    return replica.end_runs_of(ended) if ended else 0
+    return replica.end_runs_of(ended) if ended else []
 
 
 def gone_jobs(gcs: Any, job_ids: set[str]) -> set[str]:
@@ -54,19 +55,29 @@ def gone_jobs(gcs: Any, job_ids: set[str]) -> set[str]:
     return gone
 
 
-def watch_owners(replica: _Owned, gone: Callable[[set[str]], set[str]], stop: threading.Event) -> threading.Thread:
+def watch_owners(
+    replica: _Owned,
+    gone: Callable[[set[str]], set[str]],
+    stop: threading.Event,
+    ended: Callable[[list[str]], None] = lambda _runs: None,
+) -> threading.Thread:
     """A daemon thread that calls :func:`end_gone_owners` every :data:`OWNER_CHECK_S` until
-    ``stop`` is set. A lookup that fails is logged once and retried at the next check; until one
-    succeeds the runs stay protected, as they were before this existed."""
+    ``stop`` is set, and ``ended`` with the runs it ended. A lookup that fails is logged once and
+    retried at the next check; until one succeeds the runs stay protected, as they were before
+    this existed."""
 
     def loop() -> None:
         warned = False
         while not stop.wait(OWNER_CHECK_S):
             try:
-                end_gone_owners(replica, gone)
-            except Exception as exc:  # NOTE: any failure of the lookup (Ray's GCS, its private API) only delays release
+                runs = end_gone_owners(replica, gone)
+                if runs:
+                    ended(runs)
+            except Exception as exc:  # NOTE: a failure (Ray's GCS, its private API, the manager) only delays release
                 if not warned:
-                    logging.getLogger("graphflow").warning(f"cannot ask Ray which clients are gone ({exc!r}); retrying")
+                    logging.getLogger("graphflow").warning(
+                        f"cannot end the runs of clients that are gone ({exc!r}); retrying"
+                    )
                     warned = True
 
     thread = threading.Thread(target=loop, name="graphflow-run-owners", daemon=True)

@@ -229,12 +229,12 @@ class ReplicaWorker:
         with self._lock:
             return self._held.run_owners()
 
-    def end_runs_of(self, owners: Iterable[str]) -> int:
+    def end_runs_of(self, owners: Iterable[str]) -> list[str]:
         """``end_run`` for every run of ``owners``, clients that are gone (killed, disconnected)
-        and so will never end them; returns how many runs that ended."""
+        and so will never end them; returns the runs that ended."""
         with self._lock:
-            ended = len(self._held.end_runs_of(owners))
-            self.abandoned_runs += ended
+            ended = self._held.end_runs_of(owners)
+            self.abandoned_runs += len(ended)
             return ended
 
     def release(self, state_id: str) -> int:

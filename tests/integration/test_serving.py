@@ -23,7 +23,7 @@ BYSTANDER = (  # NOTE: a second head here needs ports of its own, outside the fi
 )
 
 ABANDON = f"""
-import ray
+import time, ray
 from graphflow.runtime.actors import RayCluster
 from graphflow.runtime.plan import NodePlan
 ray.init(address="{HEAD}", namespace="graphflow", log_to_driver=False)
@@ -31,8 +31,18 @@ cluster = RayCluster.attach(ray)
 r0 = cluster.replicas[0]
 ids = cluster.get(cluster.call(r0, "encode", "A client that leaves mid-run. " * 4))
 plan = NodePlan("gone-run:n1", tuple(ids), 1, next_use=(("gone-run:n1", 0),), owner=cluster.owner)
-cluster.get(cluster.call(r0, "run_node", plan))
+res = cluster.get(cluster.call(r0, "run_node", plan))
+cluster.manager("apply", [*res.evicted, res.admit], time.time())
 assert cluster.get(cluster.call(r0, "stats")).protected_states == 1
+"""
+FORGOTTEN = f"""
+import time, ray
+from graphflow.runtime.actors import RayCluster
+ray.init(address="{HEAD}", namespace="graphflow", log_to_driver=False)
+cluster = RayCluster.attach(ray)
+assert "gone-run:n1" in cluster.manager("state_ids")  # told the run ended: kept a while
+cluster.manager("end_run", "a-later-run", time.time() + 601)
+assert "gone-run:n1" not in cluster.manager("state_ids")
 """
 
 
@@ -176,6 +186,9 @@ def test_serve_submit_status_shutdown(tmp_path):
             if sum(r["abandoned_runs"] for r in replicas) == 1:
                 break
         assert [(r["protected_states"], r["abandoned_runs"]) for r in replicas] == [(0, 1), (0, 0)], replicas
+        # ... and told the manager that run is over, which forgets its records once they are old enough
+        told = subprocess.run([sys.executable, "-c", FORGOTTEN], env=ENV, capture_output=True, text=True, timeout=300)
+        assert told.returncode == 0, told.stderr[-3000:]
         # another Ray on this machine, which shutdown must leave running
         subprocess.run([ray_exe(), "start", *BYSTANDER], capture_output=True, env=ENV, timeout=120, check=True)
     finally:

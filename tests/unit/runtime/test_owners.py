@@ -21,8 +21,8 @@ class _Replica:
     def run_owners(self) -> set[str]:
         return self.held.run_owners()
 
-    def end_runs_of(self, gone: Iterable[str]) -> int:
-        return len(self.held.end_runs_of(gone))
+    def end_runs_of(self, gone: Iterable[str]) -> list[str]:
+        return self.held.end_runs_of(gone)
 
 
 def test_a_gone_clients_runs_stop_protecting_their_states() -> None:
@@ -47,12 +47,12 @@ def test_the_lookup_is_asked_only_about_recorded_clients() -> None:
         asked.append(jobs)
         return {"job-a"}
 
-    assert end_gone_owners(replica, gone) == 0 and asked == []  # no run: no lookup
+    assert end_gone_owners(replica, gone) == [] and asked == []  # no run: no lookup
     replica.held.add("a:ROOT")
     replica.held.note_next_use("run-a", (("a:ROOT", 0),), owner="job-a")
     replica.held.note_next_use("run-a2", (("a:ROOT", 1),), owner="job-a")
     replica.held.note_next_use("run-b", (("a:ROOT", 2),), owner="job-b")
-    assert end_gone_owners(replica, gone) == 2
+    assert end_gone_owners(replica, gone) == ["run-a", "run-a2"]
     assert asked == [{"job-a", "job-b"}] and replica.run_owners() == {"job-b"}
 
 
@@ -91,19 +91,19 @@ def test_gone_jobs_are_those_the_job_table_marks_dead() -> None:
 
 def test_the_watch_ends_gone_clients_runs_and_stops(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(owners, "OWNER_CHECK_S", 0.01)
-    replica, stop, checked = _Replica(), threading.Event(), threading.Event()
+    replica, stop, told, runs = _Replica(), threading.Event(), threading.Event(), []
     replica.held.add("a:ROOT")
     replica.held.note_next_use("run-a", (("a:ROOT", 0),), owner="job-a")
 
-    def gone(jobs: set[str]) -> set[str]:
-        checked.set()
-        return jobs
+    def ended(gone_runs: list[str]) -> None:  # what the actor tells the manager
+        runs.extend(gone_runs)
+        told.set()
 
-    thread = watch_owners(replica, gone, stop)
-    assert checked.wait(5.0)
+    thread = watch_owners(replica, lambda jobs: jobs, stop, ended)
+    assert told.wait(5.0)
     stop.set()
     thread.join(5.0)
-    assert not thread.is_alive() and replica.held.needed_now() == set()
+    assert not thread.is_alive() and replica.held.needed_now() == set() and runs == ["run-a"]
 
 
 def test_a_failing_lookup_is_logged_once_and_keeps_the_runs(
@@ -124,5 +124,5 @@ def test_a_failing_lookup_is_logged_once_and_keeps_the_runs(
         watch_owners(replica, gone, stop).join(5.0)
     assert len(calls) >= 3 and replica.held.needed_now() == {"a:ROOT"}
     assert [r.getMessage() for r in caplog.records].count(
-        "cannot ask Ray which clients are gone (ConnectionError('GCS unreachable')); retrying"
+        "cannot end the runs of clients that are gone (ConnectionError('GCS unreachable')); retrying"
     ) == 1
