@@ -2,15 +2,16 @@
 
 A replica protects from eviction the states a ready node of a running workflow needs, until the
 executor that runs it calls ``end_run``. A client killed or cut off mid-run never calls it, so
-without this its states stayed protected for the replica's life (seen: four states of a client
-killed with SIGKILL still protected minutes later). Each node plan names its client
-(``NodePlan.owner``, the Ray job id of the process that drives the executor); every
-:data:`OWNER_CHECK_S` the replica actor asks Ray which of the clients of its recorded runs have
-ended and ends their runs (``ReplicaWorker.end_runs_of``). Ray marks a Ray-client connection's
-job dead when its per-client server exits, about 30 s after the client is lost (Ray's reconnect
-grace), so the states are released within a minute of that, and the actor tells the KV manager
-those runs are over (``KVStateManager.end_run``), as their executor would have. A plan without an
-owner (the in-process cluster of the tests and ``LocalCluster``) is never ended this way.
+without this its states stayed protected for the replica's life (seen: seven states of a
+client killed with SIGKILL still protected 70 s later, with nothing left to end them). Each
+node plan names its client (``NodePlan.owner``, the Ray job id of the process that drives the
+executor); every :data:`OWNER_CHECK_S` the replica actor asks Ray which of the clients of its
+recorded runs have ended and ends their runs (``ReplicaWorker.end_runs_of``). Ray marks a
+Ray-client connection's job dead when its per-client server exits, about 30 s after the client
+is lost (Ray's reconnect grace), so the states are released within a minute of that, and the
+actor tells the KV manager those runs are over (``KVStateManager.end_run``), as their executor
+would have. A plan without an owner (the in-process cluster of the tests and ``LocalCluster``)
+is never ended this way.
 """
 
 from __future__ import annotations
