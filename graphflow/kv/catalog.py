@@ -216,6 +216,35 @@ class Catalog:
         self._cols["alive"][rows] = False
         self._dirty = True
 
+    def compact(self, keep_keys: np.ndarray) -> int:
+        """Drop evicted rows no one can ask about any more: those whose key is neither in
+        ``keep_keys`` (the blocks of the states still recorded) nor the parent of a live row.
+        Row ids change (the index is rebuilt) and names no row uses are dropped. Returns the rows
+        dropped. NOTE: an admit whose first block's parent was dropped is refused as having an
+        unknown parent; replicas admit a state's whole chain from the root, so theirs never is."""
+        n, c = self._n, self._cols
+        alive = c["alive"][:n]
+        keys = c["key"][:n]
+        keep = alive | np.isin(keys, np.asarray(keep_keys, dtype=np.uint64)) | np.isin(keys, c["parent_key"][:n][alive])
+        dropped = n - int(keep.sum())
+        if dropped == 0:
+            return 0
+        for name in COLUMNS:
+            kept = c[name][:n][keep]
+            c[name][: len(kept)] = kept
+        self._n = n - dropped
+        codes = np.concatenate((c["state"][: self._n], c["op"][: self._n], np.zeros(1, dtype=np.int32)))
+        used = np.unique(codes[codes >= 0])  # NOTE: code 0 is the empty name; -1 (no op) stays as it is
+        recode = np.zeros(len(self._names), dtype=np.int32)
+        recode[used] = np.arange(len(used), dtype=np.int32)
+        self._names = [self._names[i] for i in used.tolist()]
+        self._name_codes = {name: i for i, name in enumerate(self._names)}
+        for name in ("state", "op"):
+            col = c[name][: self._n]
+            col[:] = np.where(col >= 0, recode[np.maximum(col, 0)], col)
+        self._merge(rebuild=True)
+        return dropped
+
     def touch(self, rows: np.ndarray, now_s: float) -> None:
         np.add.at(self._cols["hits"], rows, 1)
         self._cols["last_used_s"][rows] = now_s - self.epoch_s

@@ -12,7 +12,8 @@ covers, its lineage) are kept ``retain_ended_s`` longer, for lineage queries and
 plans, then forgotten. Without that the records of every node ever served stayed, and a
 snapshot, which writes them all and holds the manager meanwhile, grew with the deployment's age
 (``graphflow bench manager-life``: 0.55 s after 30,000 nodes, against 0.11 s with runs ended).
-The block catalog's evicted rows stay (admits check parents against every key ever admitted).
+Forgetting records also drops the catalog's evicted rows that no kept record and no live row
+(as a parent) names (``Catalog.compact``).
 
 Times are passed in (``now_s``), never read from a clock here (only snapshot pacing,
 ``graphflow.kv.manager_snapshot.SnapshotPacer``, reads a monotonic clock).
@@ -243,7 +244,11 @@ class KVStateManager:
         due = [r for r, ended_s in self._ended.items() if now_s - ended_s >= self.retain_ended_s]
         for r in due:
             del self._ended[r]
-        return sum(self._states.forget_run(r) for r in due)
+        forgotten = sum(self._states.forget_run(r) for r in due)
+        if forgotten:
+            recorded = [k for rec in self._states for k in rec.state.block_keys]
+            self.catalog.compact(np.asarray(recorded, dtype=np.uint64))
+        return forgotten
 
     # ---- queries -------------------------------------------------------------------------
     def locate(self, key: int) -> list[str]:

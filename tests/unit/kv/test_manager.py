@@ -202,6 +202,19 @@ def test_an_ended_runs_records_are_kept_a_while_then_forgotten(tmp_path):
         KVStateManager(retain_ended_s=-1.0)
 
 
+def test_forgetting_a_run_drops_its_evicted_blocks_from_the_catalog():
+    mgr = KVStateManager(block_tokens=BT, retain_ended_s=0.0)
+    mgr.add_replica(ReplicaInfo("r0", node="n0", budget_bytes=10 * NB))
+    gone = _admit(mgr, "r0", "run-1:ROOT", list(range(8)))
+    live = _admit(mgr, "r0", "run-2:ROOT", list(range(100, 112)))
+    mgr.apply([EvictEvent("r0", tuple(gone), "run-1:ROOT")], 1.0)
+    assert len(mgr.catalog.col("key")) == len(gone) + len(live)  # evicted rows stay while recorded
+    assert mgr.end_run("run-1", 2.0) == 1
+    assert sorted(mgr.catalog.col("key").tolist()) == sorted(live)
+    mgr.check_integrity()
+    assert mgr.longest_prefix(live)[0].num_blocks == len(live)
+
+
 def test_snapshot_of_other_version_is_refused(mgr, tmp_path):
     import pyarrow.parquet as pq
 
