@@ -24,6 +24,10 @@ __all__ = ["LoadedModel", "load_model", "model_identity", "weights_digest"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _INIT_LOCK = threading.Lock()
+# NOTE: transformers' lazily imported names are not safe to import from two threads at once: two
+# threads loading a model at the same time failed one time in three here with "cannot import
+# name 'LlamaConfig' from 'transformers'"; model loads import them under this lock.
+_IMPORT_LOCK = threading.Lock()
 _VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "name_or_path")
 
 
@@ -76,7 +80,8 @@ def _architecture(arch: str) -> tuple[Any, Any]:
     """The config and model classes of ``arch``, imported when a model is built: importing the
     model classes takes about 2 s here, which processes that only name a replica class (a Ray
     client attaching, Ray's client server) would otherwise pay."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    with _IMPORT_LOCK:
+        from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     return {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
 
@@ -118,7 +123,8 @@ def load_model(
         model = _build_random(spec, torch_dtype)
         tokenizer = ByteTokenizer()
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        with _IMPORT_LOCK:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
 
         folder = ensure_smollm2(say) if spec.source == "smollm2" else spec.path
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
