@@ -31,7 +31,7 @@ from graphflow.workflow.tasks import require_task
 from scheduler.calibrate import fit_decode, fit_linear, fit_link, fit_prefill
 from scheduler.cost import DecodeModel, LinkMatrix, LinkSpec
 from scheduler.policy import Policy
-from transport.base import transfer_ids
+from transport.ids import transfer_ids
 
 __all__ = [
     "CALIBRATION_KEY",

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
-import secrets
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -39,14 +37,7 @@ __all__ = [
     "TransportConfig",
     "check_into",
     "start_loop_thread",
-    "transfer_ids",
 ]
-
-
-def transfer_ids() -> Iterator[int]:
-    """Transfer ids for one client process: consecutive from a random 48-bit start, so two
-    processes driving the same pair of replicas do not reuse each other's ids."""
-    return itertools.count(secrets.randbits(48))
 
 
 T = TypeVar("T")

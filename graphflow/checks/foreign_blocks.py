@@ -12,7 +12,8 @@ from graphflow.models.engine import Engine
 from graphflow.runtime.actors import RayCluster
 from graphflow.runtime.plan import NodePlan
 from scheduler.policy import Option
-from transport.base import TransferSpec, TransportConfig, transfer_ids
+from transport.base import TransferSpec, TransportConfig
+from transport.ids import transfer_ids
 from transport.registry import create
 
 __all__ = ["send_foreign_blocks"]

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from graphflow.kv.block import ROOT_KEY
 from graphflow.kv.catalog import BlockBatch, Catalog
 from graphflow.kv.events import PrefixMatch, take_rows
+from graphflow.kv.keys import ROOT_KEY
 
 __all__ = ["evict_copies", "locate", "longest_prefix", "record_copies", "rows_on", "validate_blocks"]
 

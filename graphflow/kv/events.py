@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from graphflow.kv.block import KVBlock
 from graphflow.kv.catalog import BlockBatch
 from graphflow.kv.state import KVState
+
+if TYPE_CHECKING:  # NOTE: not at run time: these messages cross into processes without torch
+    from graphflow.kv.block import KVBlock
 
 __all__ = [
     "AdmitEvent",

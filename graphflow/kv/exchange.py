@@ -17,8 +17,9 @@ from collections.abc import Sequence
 
 import torch
 
-from graphflow.kv.block import KVBlock, chain_keys
+from graphflow.kv.block import KVBlock
 from graphflow.kv.codec import from_wire, to_wire
+from graphflow.kv.keys import chain_keys
 from graphflow.kv.state import ModelIdentity
 from transport.base import TransferSpec, TransferStats, Transport
 

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from graphflow.kv.block import ROOT_KEY, chain_keys
 from graphflow.kv.catalog import Catalog
 from graphflow.kv.copies import evict_copies, locate, longest_prefix, record_copies, rows_on, validate_blocks
 from graphflow.kv.events import (
@@ -46,6 +45,7 @@ from graphflow.kv.events import (
     batch_from_blocks,
 )
 from graphflow.kv.eviction_plan import plan_eviction
+from graphflow.kv.keys import ROOT_KEY, chain_keys
 from graphflow.kv.manager_snapshot import SnapshotPacer, read_snapshot, write_snapshot
 from graphflow.kv.recovery_plan import plan_recovery
 from graphflow.kv.state_index import StateIndex

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from graphflow.kv.block import ROOT_KEY, KVBlock, block_key, make_blocks_from_layers
+from graphflow.kv.block import KVBlock, make_blocks_from_layers
 from graphflow.kv.errors import IncompatibleState
+from graphflow.kv.keys import ROOT_KEY, block_key
 from graphflow.kv.state import ModelIdentity
 
 if TYPE_CHECKING:  # NOTE: transformers is imported where a cache is made (the client never makes one)

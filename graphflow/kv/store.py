@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from graphflow.kv.block import ROOT_KEY, KVBlock, make_blocks
+from graphflow.kv.block import KVBlock, make_blocks
+from graphflow.kv.keys import ROOT_KEY
 from graphflow.kv.packing import validate_chain
 from graphflow.kv.state import KVState, Lineage, ModelIdentity, Placement, Positions
 

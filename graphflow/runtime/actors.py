@@ -1,7 +1,7 @@
 """Thin Ray actor shells around plain classes, and the Ray deployment the executor drives.
 
-* ``ReplicaWorker`` → named actor ``graphflow-replica-<i>`` (``ReplicaActor``: threaded, so a
-  replica can send blocks while it runs a node; it records the Ray node it landed on);
+* ``ReplicaWorker`` → named actor ``graphflow-replica-<i>`` (``ReplicaActor``, in
+  ``runtime.replica_actor``: threaded, so a replica can send blocks while it runs a node);
 * ``KVStateManager`` → named, detached actor ``graphflow-manager`` shared by every client;
 * ``Board`` → named actor ``graphflow-board``: values the deployment shares with its clients
   (the calibration measured at ``graphflow serve``, so clients need not re-measure);
@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
-
-import ray
 
 from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
+from graphflow.runtime.actor_names import BOARD_NAME, MANAGER_NAME, NAMESPACE, STATUS_GROUP
 from graphflow.runtime.deployment import TRANSPORTS, Deployment, gpu_shortfall, replica_threads
 from graphflow.runtime.errors import Unavailable, load_or_why
-from graphflow.runtime.owners import gone_jobs, watch_owners
-from graphflow.runtime.replica import ReplicaWorker
+from graphflow.runtime.replica_actor import ReplicaActor
 from graphflow.runtime.replica_config import ReplicaConfig
 from graphflow.runtime.stats import NodeInfo, ReplicaStats
 
@@ -45,13 +41,9 @@ __all__ = [
     "spread_nodes",
 ]
 
-MANAGER_NAME = "graphflow-manager"
-BOARD_NAME = "graphflow-board"
 SNAPSHOT_KEY = "snapshot_dir"
 DEPLOYMENT_KEY = "deployment"
 HEAD_KEY = "head"  # the Ray head `graphflow serve` started (runtime.cluster.head_record); absent: one it was given
-NAMESPACE = "graphflow"
-STATUS_GROUP = "status"  # a replica's own threads for cheap calls (queue length, stats), never behind its nodes
 # NOTE: a node's KV buffers (the rebuilt cache, each layer's grown keys and values) are tens to
 # hundreds of MiB; glibc hands them back to the OS when freed, from the actor's thread arenas
 # at once, and touching fresh pages costs ~1.2 ms per MiB in this VM (a 4K-token SmolLM2 node
@@ -62,51 +54,6 @@ REPLICA_ENV = {
     "MALLOC_TRIM_THRESHOLD_": str(2**32 - 1),
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
 }
-
-
-def _tell_manager_runs_ended(runs: list[str]) -> None:
-    """``end_run`` at the deployment's manager for runs whose client is gone (not waited for:
-    a manager that is down is restarted by the next client, from a snapshot that still holds them)."""
-    import ray
-
-    manager = ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
-    for run in runs:
-        manager.end_run.remote(run, time.time())
-
-
-class ReplicaActor(ReplicaWorker):
-    """The Ray actor of a replica: a ``ReplicaWorker`` that knows its Ray node; its cheap calls
-    (queue length, stats) run on the ``status`` concurrency group, never behind its nodes."""
-
-    def __init__(self, config: ReplicaConfig) -> None:
-        import ray
-
-        node = config.node or ray.get_runtime_context().get_node_id()
-        super().__init__(replace(config, node=node, host=config.host or ray.util.get_node_ip_address()))
-        self._owners_stop = threading.Event()
-        gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]  # NOTE: set when connected
-        watch_owners(self, lambda jobs: gone_jobs(gcs, jobs), self._owners_stop, _tell_manager_runs_ended)
-
-    def close(self) -> None:
-        self._owners_stop.set()
-        super().close()
-
-    # NOTE: ray.method's stubs type the method as a remote method; the override is the same method
-    @ray.method(concurrency_group=STATUS_GROUP)
-    def queue_length(self) -> int:  # type: ignore[override]
-        return super().queue_length()
-
-    @ray.method(concurrency_group=STATUS_GROUP)
-    def stats(self) -> ReplicaStats:  # type: ignore[override]
-        return super().stats()
-
-    @ray.method(concurrency_group=STATUS_GROUP)  # NOTE: never queued behind other runs' node calls
-    def end_run(self, run_id: str) -> None:  # type: ignore[override]
-        super().end_run(run_id)
-
-    @ray.method(concurrency_group=STATUS_GROUP)  # NOTE: the node it frees holds one of the node threads
-    def cancel_receive(self, transfer_id: int, why: str) -> None:  # type: ignore[override]
-        super().cancel_receive(transfer_id, why)
 
 
 def named_actor(ray: Any, name: str, cls: type) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphflow.kv.differential.template_kv import kv_mode as kv_mode_of
+from graphflow.kv.differential.modes import kv_mode as kv_mode_of
 from graphflow.runtime.batch_limits import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.workflow.templates import template_set
 

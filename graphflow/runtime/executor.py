@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from graphflow.kv.differential.store import base_version
+from graphflow.kv.differential.modes import base_version
 from graphflow.kv.events import ReplicaInfo, TemplateEvent
 from graphflow.runtime.cluster_api import Cluster
 from graphflow.runtime.errors import Unavailable
@@ -45,7 +45,7 @@ from scheduler.policy import (
     prefill_work_s,
     recompute,
 )
-from transport.base import transfer_ids
+from transport.ids import transfer_ids
 
 __all__ = ["Cluster", "WorkflowExecutor"]
 

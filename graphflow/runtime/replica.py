@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from graphflow.kv.differential.codecs import ResidualCodec
-from graphflow.kv.differential.store import KVMode
-from graphflow.kv.differential.template_kv import TemplateKV, TemplateStats, kv_mode
+from graphflow.kv.differential.modes import KVMode, TemplateStats, kv_mode
+from graphflow.kv.differential.template_kv import TemplateKV
 from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo
 from graphflow.kv.state import Placement
 from graphflow.kv.store import BlockStore

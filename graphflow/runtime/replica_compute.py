@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
-from graphflow.kv.block import ROOT_KEY, KVBlock, make_blocks_from_layers
+from graphflow.kv.block import KVBlock, make_blocks_from_layers
 from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.differential.template_kv import TemplateKV
+from graphflow.kv.keys import ROOT_KEY
 from graphflow.kv.packing import blocks_to_cache, cache_to_blocks, layer_views
 from graphflow.models.engine import Engine
 from graphflow.runtime.batcher import Batcher

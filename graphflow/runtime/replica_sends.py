@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from graphflow.kv.block import chain_keys
 from graphflow.kv.errors import MissingBlocks
 from graphflow.kv.exchange import send_blocks
+from graphflow.kv.keys import chain_keys
 from graphflow.kv.store import BlockStore
 from transport.base import TransferSpec, Transport
 

@@ -13,8 +13,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from graphflow.kv.block import KVBlock, chain_keys
+from graphflow.kv.block import KVBlock
 from graphflow.kv.errors import ChecksumMismatch
+from graphflow.kv.keys import chain_keys
 from graphflow.kv.manager import AdmitEvent, EvictEvent, StateRecord, batch_from_blocks
 from graphflow.kv.operators import evict as evict_state
 from graphflow.kv.state import Lineage

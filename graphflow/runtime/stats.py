@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
-from graphflow.kv.differential.template_kv import TemplateStats
+from graphflow.kv.differential.modes import TemplateStats
 from graphflow.kv.events import PrefixHits
 
 __all__ = ["NodeInfo", "ReplicaStats", "Route"]

@@ -91,19 +91,22 @@ def test_layers_point_one_way():
 
 def test_the_cli_starts_without_torch_or_transformers() -> None:
     """Every command's ``--help``, every bad option and every refused input answers at once:
-    importing the CLI loads neither torch nor transformers (2 s here), nor do the client and
-    the replica class load transformers (another 0.6 s on each ``submit``, in the client and
-    again in Ray's client server; their model classes 2 s more): replicas import it where they
-    make a cache or a model. Nor does planning a workflow import PyG (1.3–1.5 s): the
-    generator's GCN layer is plain torch."""
+    importing the CLI loads neither torch nor transformers (2 s here). Nor do the client, the
+    actor classes and the types that cross the Ray boundary load torch: Ray's per-client server
+    on the head imports them for each connected client (240 MiB and about a second each with
+    torch); replicas import it where they build a worker. Nor does planning a workflow import
+    transformers or PyG (1.3–1.5 s): the generator's GCN layer is plain torch."""
     import subprocess
     import sys
 
     probe = (
         "import sys; import graphflow.cli; cli = {'torch', 'transformers'} & set(sys.modules); "
-        "import graphflow.client, graphflow.runtime.actors, graphflow.workflow.planner; "
+        "import graphflow.client, graphflow.runtime.actors, graphflow.kv.manager, graphflow.runtime.plan, "
+        "graphflow.runtime.stats, graphflow.runtime.deployment, graphflow.kv.events; "
+        "served = {'torch', 'transformers'} & set(sys.modules); "
+        "import graphflow.workflow.planner; "
         "model = {m for m in sys.modules if m.split('.')[0] in ('transformers', 'torch_geometric')}; "
-        "print(sorted(cli), sorted(model)[:3])"
+        "print(sorted(cli), sorted(served), sorted(model)[:3])"
     )
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert shown.stdout.strip() == "[] []", shown.stdout
+    assert shown.stdout.strip() == "[] [] []", shown.stdout

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 import torch
 
+from graphflow.kv.differential.modes import KVMode
 from graphflow.kv.differential.paths import PathKey
-from graphflow.kv.differential.store import DifferentialKV, KVMode
+from graphflow.kv.differential.store import DifferentialKV
 from graphflow.kv.packing import cache_from_tensor, stack_cache
 from graphflow.kv.prefiller import Prefiller
 

@@ -19,30 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
-import xxhash
 
 from graphflow.kv.differential.codecs import EncodedResidual, ResidualCodec, apply_residual, frame0_residual
+from graphflow.kv.differential.modes import KVMode, base_version
 from graphflow.kv.differential.paths import PathKey
 from graphflow.kv.errors import IncompatibleState
 from graphflow.kv.state import RopeInfo
 
-__all__ = ["Base", "DifferentialKV", "KVMode", "Residual", "base_version"]
-
-
-class KVMode(StrEnum):
-    EXACT = "exact"
-    DIFFERENTIAL = "differential"
-    STATELESS = "stateless"
-
-
-def base_version(model_key: str, template_ids: Sequence[int]) -> str:
-    """Identifies a base: the model and the exact template tokens it was computed from."""
-    h = xxhash.xxh64(model_key.encode())
-    h.update(torch.tensor(list(template_ids), dtype=torch.int64).numpy().tobytes())
-    return h.hexdigest()
+__all__ = ["Base", "DifferentialKV", "Residual"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

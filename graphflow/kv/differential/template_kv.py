@@ -18,42 +18,21 @@ reusable prefix (it would otherwise be served to later nodes as if it were exact
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from graphflow.kv.differential.base import base_kv
 from graphflow.kv.differential.codecs import ResidualCodec
+from graphflow.kv.differential.modes import KVMode, TemplateStats, base_version
 from graphflow.kv.differential.paths import PathKey, PathStats
 from graphflow.kv.differential.recompute import rebuild_template
-from graphflow.kv.differential.store import DifferentialKV, KVMode, base_version
+from graphflow.kv.differential.store import DifferentialKV
 from graphflow.kv.events import TemplateHolding
 from graphflow.kv.packing import cache_from_tensor, stack_cache
 from graphflow.kv.prefiller import Prefiller
 
-__all__ = ["TemplateKV", "TemplateStats", "kv_mode"]
-
-
-def kv_mode(name: str) -> KVMode:
-    """The run mode called ``name``, or a ``ValueError`` that lists the modes."""
-    try:
-        return KVMode(name)
-    except ValueError:
-        raise ValueError(f"unknown KV mode {name!r}; use one of {', '.join(m.value for m in KVMode)}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateStats:
-    """What a replica's template KV did and holds (all zero in exact mode)."""
-
-    kv_mode: str = KVMode.EXACT.value
-    templates_rebuilt: int = 0
-    executions_learned: int = 0
-    residuals: int = 0
-    hot_paths: int = 0
-    differential_base_bytes: int = 0
-    differential_residual_bytes: int = 0
+__all__ = ["TemplateKV"]
 
 
 class TemplateKV:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from graphflow.kv import KVLayout, ModelIdentity, RopeInfo
+from graphflow.kv.state import KVLayout, ModelIdentity, RopeInfo
 
 IDENTITY = ModelIdentity("toy", "cafe", RopeInfo(10000.0), KVLayout(layers=2, kv_heads=2, head_dim=4, dtype="float32"))
 

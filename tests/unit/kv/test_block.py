@@ -6,8 +6,9 @@ import sys
 import pytest
 import torch
 
-from graphflow.kv import ROOT_KEY, ChecksumMismatch, block_key, chain_keys, make_block
-from graphflow.kv.block import make_blocks
+from graphflow.kv.block import make_block, make_blocks
+from graphflow.kv.errors import ChecksumMismatch
+from graphflow.kv.keys import ROOT_KEY, block_key, chain_keys
 from transport.layout import MESSAGE_BYTES, message_runs
 
 from .helpers import IDENTITY, kv
@@ -30,7 +31,7 @@ def test_keys_depend_on_prefix_model_and_tokens():
 
 
 def test_block_keys_identical_across_processes():
-    code = "from graphflow.kv import chain_keys; print(chain_keys(list(range(100)), 'tiny@abc', 16))"
+    code = "from graphflow.kv.keys import chain_keys; print(chain_keys(list(range(100)), 'tiny@abc', 16))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(chain_keys(list(range(100)), "tiny@abc", 16))
 

@@ -3,7 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphflow.kv import ROOT_KEY, ChecksumMismatch, load_blocks, make_block, save_blocks
+from graphflow.kv.block import make_block
+from graphflow.kv.codec import load_blocks, save_blocks
+from graphflow.kv.errors import ChecksumMismatch
+from graphflow.kv.keys import ROOT_KEY
 from transport.wire import WireFormatError, WireLimits
 
 from .helpers import IDENTITY, kv

@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphflow.kv import ROOT_KEY
 from graphflow.kv.catalog import BlockBatch, Catalog
 from graphflow.kv.copies import evict_copies, locate, longest_prefix, record_copies, rows_on, validate_blocks
+from graphflow.kv.keys import ROOT_KEY
 
 
 def _batch(replica: str, keys: list[int], parents: list[int] | None = None, salt: int = 0) -> BlockBatch:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphflow.kv import ROOT_KEY, chain_keys
 from graphflow.kv.catalog import BlockBatch
+from graphflow.kv.keys import ROOT_KEY, chain_keys
 from graphflow.kv.manager import AdmitEvent, EvictEvent, KVStateManager, ReplicaInfo, StateRecord
 from graphflow.kv.state import KVState, Lineage, Placement, Positions, RopeInfo
 

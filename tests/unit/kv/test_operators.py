@@ -5,9 +5,12 @@ import torch
 
 from graphflow.checks.fork import run_fork_check
 from graphflow.checks.lineage import run_lineage_check
-from graphflow.kv import BlockStore, Placement, blocks_to_cache, chain_keys, stack_cache
+from graphflow.kv.keys import chain_keys
 from graphflow.kv.manager import KVStateManager, ReplicaInfo
 from graphflow.kv.operators import evict, fork, materialize, merge, transfer
+from graphflow.kv.packing import blocks_to_cache, stack_cache
+from graphflow.kv.state import Placement
+from graphflow.kv.store import BlockStore
 from graphflow.models import clone_cache, prompt_token_ids
 from transport.base import TransportConfig
 from transport.local import LocalTransport

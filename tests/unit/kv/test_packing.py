@@ -3,15 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphflow.kv import (
-    ChecksumMismatch,
-    IncompatibleState,
-    blocks_to_cache,
-    cache_to_blocks,
-    chain_keys,
-    stack_cache,
-    validate_chain,
-)
+from graphflow.kv.errors import ChecksumMismatch, IncompatibleState
+from graphflow.kv.keys import chain_keys
+from graphflow.kv.packing import blocks_to_cache, cache_to_blocks, stack_cache, validate_chain
 from graphflow.models import prompt_token_ids
 
 

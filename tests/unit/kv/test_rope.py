@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphflow.kv import RopeInfo, stack_cache
+from graphflow.kv.packing import stack_cache
 from graphflow.kv.rope import rerotate_keys
+from graphflow.kv.state import RopeInfo
 from graphflow.models import prompt_token_ids
 
 

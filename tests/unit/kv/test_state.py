@@ -4,7 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from graphflow.kv import IncompatibleState, KVState, Lineage, Positions, RopeInfo, compat, require_compat
+from graphflow.kv.errors import IncompatibleState
+from graphflow.kv.state import KVState, Lineage, Positions, RopeInfo, compat, require_compat
 
 from .helpers import IDENTITY
 

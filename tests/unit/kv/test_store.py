@@ -3,7 +3,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphflow.kv import ROOT_KEY, BlockStore, IncompatibleState, KVLayout, Lineage, ModelIdentity, RopeInfo, make_block
+from graphflow.kv.block import make_block
+from graphflow.kv.errors import IncompatibleState
+from graphflow.kv.keys import ROOT_KEY
+from graphflow.kv.state import KVLayout, Lineage, ModelIdentity, RopeInfo
+from graphflow.kv.store import BlockStore
 
 from .helpers import IDENTITY, kv
 

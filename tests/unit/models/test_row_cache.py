@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphflow.kv.block import ROOT_KEY
+from graphflow.kv.keys import ROOT_KEY
 from graphflow.kv.packing import cache_length, cache_to_blocks, stack_cache
 from graphflow.models import prompt_token_ids
 from graphflow.models.ragged import Row, forward_rows

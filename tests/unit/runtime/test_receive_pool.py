@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from graphflow.kv import ROOT_KEY, BlockStore, Lineage, make_block
+from graphflow.kv.block import make_block
+from graphflow.kv.keys import ROOT_KEY
+from graphflow.kv.state import Lineage
+from graphflow.kv.store import BlockStore
 from graphflow.runtime.receive_pool import ReceivePool
 from graphflow.runtime.replica import ReplicaWorker
 from graphflow.runtime.replica_config import ReplicaConfig

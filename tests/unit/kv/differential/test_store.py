@@ -5,8 +5,9 @@ import torch
 
 from graphflow.kv.differential.base import base_kv, template_kv
 from graphflow.kv.differential.codecs import ResidualCodec, apply_residual, frame0_residual
+from graphflow.kv.differential.modes import KVMode
 from graphflow.kv.differential.paths import PathKey, PathStats
-from graphflow.kv.differential.store import DifferentialKV, KVMode, Residual
+from graphflow.kv.differential.store import DifferentialKV, Residual
 from graphflow.kv.errors import IncompatibleState
 from graphflow.models import prompt_token_ids
 

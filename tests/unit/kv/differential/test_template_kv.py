@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from graphflow.kv.differential.store import KVMode
-from graphflow.kv.differential.template_kv import TemplateKV, kv_mode
+from graphflow.kv.differential.modes import KVMode, kv_mode
+from graphflow.kv.differential.template_kv import TemplateKV
 from graphflow.runtime.plan import NodePlan, TemplateRef
 from graphflow.runtime.replica import ReplicaWorker
 from graphflow.runtime.replica_config import ReplicaConfig

@@ -1,0 +1,96 @@
+"""``ReplicaActor``: the Ray actor shell of a ``ReplicaWorker``.
+
+The worker (model, block store, transport) is built inside the actor's process; this module
+itself loads without torch. Ray's per-client server on the head imports the module of every
+actor class a client looks up by name, to learn its methods: while the actor class was a
+subclass of ``ReplicaWorker``, each connected client cost the head a process with torch and the
+engine loaded (240 MiB more measured here, and about a second per ``graphflow submit``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import ray
+
+from graphflow.runtime.actor_names import MANAGER_NAME, NAMESPACE, STATUS_GROUP
+from graphflow.runtime.owners import gone_jobs, watch_owners
+from graphflow.runtime.replica_config import ReplicaConfig
+
+__all__ = ["STATUS_METHODS", "WORKER_METHODS", "ReplicaActor"]
+
+# ReplicaWorker's public methods, each forwarded by the actor (a unit test keeps this list equal to
+# the class's); those on the status group are never queued behind other runs' node calls
+WORKER_METHODS = (
+    "address",
+    "clear_kv",
+    "close",
+    "cost_samples",
+    "decode_seconds",
+    "decode_text",
+    "encode",
+    "end_runs_of",
+    "holdings",
+    "info",
+    "inject_fault",
+    "kv_bytes_per_token",
+    "materialize",
+    "max_positions",
+    "memory",
+    "model_key",
+    "prefill_seconds",
+    "probe",
+    "release",
+    "run_node",
+    "run_owners",
+    "send_blocks",
+    "template_holdings",
+)
+STATUS_METHODS = ("queue_length", "stats", "end_run", "cancel_receive")  # cancel: the node it frees holds a thread
+
+
+def _tell_manager_runs_ended(runs: list[str]) -> None:
+    """``end_run`` at the deployment's manager for runs whose client is gone (not waited for:
+    a manager that is down is restarted by the next client, from a snapshot that still holds them)."""
+    manager = ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
+    for run in runs:
+        manager.end_run.remote(run, time.time())
+
+
+class ReplicaActor:
+    """The Ray actor of a replica: a ``ReplicaWorker`` that knows its Ray node and ends the runs
+    of clients that are gone; its cheap calls (queue length, stats) run on the ``status``
+    concurrency group, never behind its nodes."""
+
+    def __init__(self, config: ReplicaConfig) -> None:
+        from graphflow.runtime.replica import ReplicaWorker  # NOTE: torch and the engine, in the actor only
+
+        node = config.node or ray.get_runtime_context().get_node_id()
+        self._worker = ReplicaWorker(replace(config, node=node, host=config.host or ray.util.get_node_ip_address()))
+        self._owners_stop = threading.Event()
+        gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]  # NOTE: set when connected
+        watch_owners(self._worker, lambda jobs: gone_jobs(gcs, jobs), self._owners_stop, _tell_manager_runs_ended)
+
+    def close(self) -> None:
+        self._owners_stop.set()
+        self._worker.close()
+
+
+def _forward(name: str) -> Callable[..., Any]:
+    def method(self: ReplicaActor, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._worker, name)(*args, **kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = f"ReplicaActor.{name}"
+    return method
+
+
+for _name in WORKER_METHODS:
+    if _name not in vars(ReplicaActor):
+        setattr(ReplicaActor, _name, _forward(_name))
+for _name in STATUS_METHODS:
+    setattr(ReplicaActor, _name, ray.method(concurrency_group=STATUS_GROUP)(_forward(_name)))
