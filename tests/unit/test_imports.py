@@ -93,8 +93,8 @@ def test_the_cli_starts_without_torch_or_transformers() -> None:
     """Every command's ``--help``, every bad option and every refused input answers at once:
     importing the CLI loads neither torch nor transformers (2 s here). Nor do the client, the
     actor classes and the types that cross the Ray boundary load torch: Ray's per-client server
-    on the head imports them for each connected client (240 MiB and about a second each with
-    torch); replicas import it where they build a worker. Nor does planning a workflow import
+    on the head imports them for each connected client (see ``runtime.replica_actor``);
+    replicas import torch where they build a worker. Nor does planning a workflow import
     transformers or PyG (1.3–1.5 s): the generator's GCN layer is plain torch."""
     import subprocess
     import sys
