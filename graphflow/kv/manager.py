@@ -100,7 +100,7 @@ class KVStateManager:
     # ---- snapshots (graphflow.kv.manager_snapshot) ---------------------------------------
     def snapshot(self, folder: str | Path) -> None:
         """Write the catalog, states and replicas into ``folder`` (atomically swapped in)."""
-        write_snapshot(folder, self.catalog, list(self._states), self.replicas, self.block_tokens)
+        write_snapshot(folder, self.catalog, list(self._states), self.replicas, self.block_tokens, self._ended)
 
     def enable_snapshots(self, folder: str | Path, every_s: float = 5.0) -> None:
         """Snapshot into ``folder`` after event batches, at most once every ``every_s`` seconds."""
@@ -125,6 +125,7 @@ class KVStateManager:
         self.catalog, self.block_tokens = snap.catalog, snap.block_tokens
         self._replicas = {info.name: info for info in snap.replicas}
         self._states = StateIndex(snap.records)
+        self._ended = dict(sorted(snap.ended.items(), key=lambda kv: kv[1]))
         return len(snap.records)
 
     # ---- replicas ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ replica's holdings (``KVStateManager.resync_replica``).
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +19,9 @@ from graphflow.kv.catalog import Catalog
 from graphflow.kv.events import ReplicaInfo, StateRecord
 from graphflow.kv.state_table import read_states, write_states
 
-__all__ = ["Snapshot", "SnapshotPacer", "read_snapshot", "write_snapshot"]
+__all__ = ["ENDED_FILE", "Snapshot", "SnapshotPacer", "read_snapshot", "write_snapshot"]
+
+ENDED_FILE = "ended_runs.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +32,7 @@ class Snapshot:
     records: list[StateRecord]
     replicas: list[ReplicaInfo]
     block_tokens: int
+    ended: dict[str, float]  # runs that had ended, with when, whose records were still kept
 
 
 def write_snapshot(
@@ -37,8 +41,11 @@ def write_snapshot(
     records: Sequence[StateRecord],
     replicas: Sequence[ReplicaInfo],
     block_tokens: int,
+    ended: dict[str, float] | None = None,
 ) -> None:
-    """Write ``catalog.parquet`` and ``states.parquet`` (plus replicas) into ``folder``.
+    """Write ``catalog.parquet`` and ``states.parquet`` (plus replicas) into ``folder``, and
+    ``ended_runs.json``: the runs that have ended whose records are still kept (so a restored
+    manager forgets them in time too).
 
     Written into a sibling folder first and swapped in, so a crash mid-write leaves the
     previous snapshot whole."""
@@ -48,6 +55,7 @@ def write_snapshot(
     tmp.mkdir(parents=True)
     catalog.write_parquet(tmp / "catalog.parquet")
     write_states(tmp / "states.parquet", list(records), list(replicas), block_tokens)
+    (tmp / ENDED_FILE).write_text(json.dumps(ended or {}))
     shutil.rmtree(old, ignore_errors=True)
     if folder.exists():
         folder.rename(old)
@@ -65,7 +73,9 @@ def read_snapshot(folder: str | Path) -> Snapshot:
     if not (folder / "states.parquet").is_file():
         raise ValueError(f"no manager snapshot in {folder}; start from an empty manager instead")
     records, replicas, block_tokens = read_states(folder / "states.parquet")
-    return Snapshot(Catalog.read_parquet(folder / "catalog.parquet"), records, replicas, block_tokens)
+    ended_file = folder / ENDED_FILE  # NOTE: absent from older versions' snapshots: none known ended
+    ended = {str(r): float(t) for r, t in json.loads(ended_file.read_text()).items()} if ended_file.is_file() else {}
+    return Snapshot(Catalog.read_parquet(folder / "catalog.parquet"), records, replicas, block_tokens, ended)
 
 
 class SnapshotPacer:

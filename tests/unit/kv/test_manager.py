@@ -202,6 +202,21 @@ def test_an_ended_runs_records_are_kept_a_while_then_forgotten(tmp_path):
         KVStateManager(retain_ended_s=-1.0)
 
 
+def test_a_restored_manager_still_forgets_the_runs_that_had_ended(tmp_path):
+    mgr = KVStateManager(block_tokens=BT, retain_ended_s=10.0)
+    mgr.add_replica(ReplicaInfo("r0", node="n0", budget_bytes=10 * NB))
+    _admit(mgr, "r0", "run-1:ROOT", list(range(8)))
+    _admit(mgr, "r0", "run-2:ROOT", list(range(100, 108)))
+    assert mgr.end_run("run-1", 5.0) == 0
+    mgr.snapshot(tmp_path)  # run-1 ended, its records still kept; run-2 still running
+    back = KVStateManager.restore(tmp_path)
+    back.retain_ended_s = 10.0
+    assert back.state_ids() == ["run-1:ROOT", "run-2:ROOT"]
+    assert back.end_run("run-3", 15.0) == 1 and back.state_ids() == ["run-2:ROOT"]
+    (tmp_path / "ended_runs.json").unlink()  # a snapshot of an older version: no ended runs known
+    assert KVStateManager.restore(tmp_path).end_run("run-3", 1e9) == 0
+
+
 def test_forgetting_a_run_drops_its_evicted_blocks_from_the_catalog():
     mgr = KVStateManager(block_tokens=BT, retain_ended_s=0.0)
     mgr.add_replica(ReplicaInfo("r0", node="n0", budget_bytes=10 * NB))
