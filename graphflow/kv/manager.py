@@ -12,6 +12,8 @@ covers, its lineage) are kept ``retain_ended_s`` longer, for lineage queries and
 plans, then forgotten. Without that the records of every node ever served stayed, and a
 snapshot, which writes them all and holds the manager meanwhile, grew with the deployment's age
 (``graphflow bench manager-life``: 0.55 s after 30,000 nodes, against 0.11 s with runs ended).
+A run begun with its client (``begin_run``) whose client goes away without ending it is ended
+for it (``end_runs_of``, which the manager's actor calls: ``runtime.manager_actor``).
 Forgetting records also drops the catalog's evicted rows that no kept record and no live row
 (as a parent) names (``Catalog.compact``).
 
@@ -86,6 +88,7 @@ class KVStateManager:
             raise ValueError(f"retain_ended_s must be 0 or more seconds, got {retain_ended_s}")
         self.retain_ended_s = retain_ended_s
         self._ended: dict[str, float] = {}  # run → when it ended, oldest first (records still kept)
+        self._owners: dict[str, str] = {}  # running run → its client's Ray job id (runs that have one)
         self.block_tokens = block_tokens
         self.catalog = Catalog(epoch_s)
         self.weights = weights or EvictionWeights()
@@ -100,7 +103,9 @@ class KVStateManager:
     # ---- snapshots (graphflow.kv.manager_snapshot) ---------------------------------------
     def snapshot(self, folder: str | Path) -> None:
         """Write the catalog, states and replicas into ``folder`` (atomically swapped in)."""
-        write_snapshot(folder, self.catalog, list(self._states), self.replicas, self.block_tokens, self._ended)
+        write_snapshot(
+            folder, self.catalog, list(self._states), self.replicas, self.block_tokens, self._ended, self._owners
+        )
 
     def enable_snapshots(self, folder: str | Path, every_s: float = 5.0) -> None:
         """Snapshot into ``folder`` after event batches, at most once every ``every_s`` seconds."""
@@ -126,6 +131,7 @@ class KVStateManager:
         self._replicas = {info.name: info for info in snap.replicas}
         self._states = StateIndex(snap.records)
         self._ended = dict(sorted(snap.ended.items(), key=lambda kv: kv[1]))
+        self._owners = dict(snap.owners)
         return len(snap.records)
 
     # ---- replicas ------------------------------------------------------------------------
@@ -238,9 +244,28 @@ class KVStateManager:
         """The states whose records it keeps, in admission order."""
         return [r.state.state_id for r in self._states]
 
+    def begin_run(self, run: str, owner: str) -> None:
+        """``run`` starts, driven by the client ``owner`` (its Ray job id; "" for none): if that
+        client goes away without ending the run, :meth:`end_runs_of` ends it."""
+        if owner:
+            self._owners[run] = owner
+
+    def run_owners(self) -> set[str]:
+        """The clients of the runs begun and not yet ended."""
+        return set(self._owners.values())
+
+    def end_runs_of(self, owners: Iterable[str], now_s: float) -> list[str]:
+        """End the runs of clients that are gone (``owners``), as each would have; returns them."""
+        gone = set(owners)
+        runs = [run for run, owner in self._owners.items() if owner in gone]
+        for run in runs:
+            self.end_run(run, now_s)
+        return runs
+
     def end_run(self, run: str, now_s: float) -> int:
         """``run`` is over (no more admits will name its states); its records go once
         ``retain_ended_s`` has passed, checked at each call. Returns the records forgotten now."""
+        self._owners.pop(run, None)
         self._ended[run] = now_s
         due = [r for r, ended_s in self._ended.items() if now_s - ended_s >= self.retain_ended_s]
         for r in due:

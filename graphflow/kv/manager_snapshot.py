@@ -19,9 +19,9 @@ from graphflow.kv.catalog import Catalog
 from graphflow.kv.events import ReplicaInfo, StateRecord
 from graphflow.kv.state_table import read_states, write_states
 
-__all__ = ["ENDED_FILE", "Snapshot", "SnapshotPacer", "read_snapshot", "write_snapshot"]
+__all__ = ["RUNS_FILE", "Snapshot", "SnapshotPacer", "read_snapshot", "write_snapshot"]
 
-ENDED_FILE = "ended_runs.json"
+RUNS_FILE = "runs.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,7 @@ class Snapshot:
     replicas: list[ReplicaInfo]
     block_tokens: int
     ended: dict[str, float]  # runs that had ended, with when, whose records were still kept
+    owners: dict[str, str]  # runs begun and not ended → their client's Ray job id
 
 
 def write_snapshot(
@@ -42,10 +43,11 @@ def write_snapshot(
     replicas: Sequence[ReplicaInfo],
     block_tokens: int,
     ended: dict[str, float] | None = None,
+    owners: dict[str, str] | None = None,
 ) -> None:
     """Write ``catalog.parquet`` and ``states.parquet`` (plus replicas) into ``folder``, and
-    ``ended_runs.json``: the runs that have ended whose records are still kept (so a restored
-    manager forgets them in time too).
+    ``runs.json``: the runs that have ended whose records are still kept, and the clients of
+    those still running (so a restored manager forgets both in time too).
 
     Written into a sibling folder first and swapped in, so a crash mid-write leaves the
     previous snapshot whole."""
@@ -55,7 +57,7 @@ def write_snapshot(
     tmp.mkdir(parents=True)
     catalog.write_parquet(tmp / "catalog.parquet")
     write_states(tmp / "states.parquet", list(records), list(replicas), block_tokens)
-    (tmp / ENDED_FILE).write_text(json.dumps(ended or {}))
+    (tmp / RUNS_FILE).write_text(json.dumps({"ended": ended or {}, "owners": owners or {}}))
     shutil.rmtree(old, ignore_errors=True)
     if folder.exists():
         folder.rename(old)
@@ -73,9 +75,11 @@ def read_snapshot(folder: str | Path) -> Snapshot:
     if not (folder / "states.parquet").is_file():
         raise ValueError(f"no manager snapshot in {folder}; start from an empty manager instead")
     records, replicas, block_tokens = read_states(folder / "states.parquet")
-    ended_file = folder / ENDED_FILE  # NOTE: absent from older versions' snapshots: none known ended
-    ended = {str(r): float(t) for r, t in json.loads(ended_file.read_text()).items()} if ended_file.is_file() else {}
-    return Snapshot(Catalog.read_parquet(folder / "catalog.parquet"), records, replicas, block_tokens, ended)
+    runs_file = folder / RUNS_FILE  # NOTE: absent from older versions' snapshots: no runs known
+    runs = json.loads(runs_file.read_text()) if runs_file.is_file() else {}
+    ended = {str(r): float(t) for r, t in runs.get("ended", {}).items()}
+    owners = {str(r): str(o) for r, o in runs.get("owners", {}).items()}
+    return Snapshot(Catalog.read_parquet(folder / "catalog.parquet"), records, replicas, block_tokens, ended, owners)
 
 
 class SnapshotPacer:

@@ -2,7 +2,8 @@
 
 * ``ReplicaWorker`` → named actor ``graphflow-replica-<i>`` (``ReplicaActor``, in
   ``runtime.replica_actor``: threaded, so a replica can send blocks while it runs a node);
-* ``KVStateManager`` → named, detached actor ``graphflow-manager`` shared by every client;
+* ``KVStateManager`` → named, detached actor ``graphflow-manager`` shared by every client
+  (``ManagerActor``, in ``runtime.manager_actor``: it also ends the runs of clients that are gone);
 * ``Board`` → named actor ``graphflow-board``: values the deployment shares with its clients
   (the calibration measured at ``graphflow serve``, so clients need not re-measure);
 * ``CallWorker`` → a process that runs a named function (two-process checks on Ray).
@@ -17,10 +18,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphflow.kv.events import TemplateEvent
-from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.actor_names import BOARD_NAME, MANAGER_NAME, NAMESPACE, STATUS_GROUP
 from graphflow.runtime.deployment import TRANSPORTS, Deployment, gpu_shortfall, replica_threads
 from graphflow.runtime.errors import Unavailable, load_or_why
+from graphflow.runtime.manager_actor import ManagerActor
 from graphflow.runtime.replica_actor import ReplicaActor
 from graphflow.runtime.replica_config import ReplicaConfig
 from graphflow.runtime.stats import NodeInfo, ReplicaStats
@@ -229,7 +230,7 @@ class RayCluster:
         threads = replica_threads(want, node_resource(ray, alive, "CPU"))
         head = {"scheduling_strategy": on_node(nodes[0])} if nodes else {}
         manager = (
-            ray.remote(KVStateManager)
+            ray.remote(ManagerActor)
             .options(name=MANAGER_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, **life, **head)
             .remote(16, time.time())
         )
@@ -271,7 +272,7 @@ class RayCluster:
         """The deployment on this Ray cluster (``None``: none)."""
         try:
             board = named_actor(ray, BOARD_NAME, Board)
-            named_actor(ray, MANAGER_NAME, KVStateManager)
+            named_actor(ray, MANAGER_NAME, ManagerActor)
         except ValueError:
             return None
         found = ray.get(board.get.remote(DEPLOYMENT_KEY))
@@ -281,7 +282,7 @@ class RayCluster:
     def attach(cls, ray: Any) -> RayCluster:
         """Find a running deployment (``graphflow serve``) by its actor names."""
         try:
-            manager = named_actor(ray, MANAGER_NAME, KVStateManager)
+            manager = named_actor(ray, MANAGER_NAME, ManagerActor)
         except ValueError:
             raise ValueError("no GraphFlow deployment on this Ray cluster; start one with `graphflow serve`") from None
         handles, lost = _live_replicas(ray, manager)
@@ -325,7 +326,7 @@ class RayCluster:
 
         ray = self.ray
         opts = {"name": MANAGER_NAME, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached"}
-        self._manager = ray.remote(KVStateManager).options(num_cpus=0, **opts).remote(16, time.time())
+        self._manager = ray.remote(ManagerActor).options(num_cpus=0, **opts).remote(16, time.time())
         snapshot_dir = self.shared(SNAPSHOT_KEY)
         if snapshot_dir:
             manager = self._manager

@@ -108,8 +108,11 @@ class WorkflowExecutor:
         caching does (the baseline serving stacks give). Bad requests raise ``ValueError``.
 
         However the run ends, every replica is told so (``end_run``): the states it protected
-        for this run's ready nodes are evictable again."""
+        for this run's ready nodes are evictable again. The manager learns the run's client when
+        it begins (``begin_run``), so a run whose client dies mid-run is ended all the same."""
         try:
+            if self.cluster.owner:
+                self.cluster.manager("begin_run", run_id, self.cluster.owner)
             return self._run(gs, task_ids, run_id, reuse, on_node, pin, force, transfers)
         finally:
             self.in_flight.end_run(run_id)

@@ -8,10 +8,10 @@ node plan names its client (``NodePlan.owner``, the Ray job id of the process th
 executor); every :data:`OWNER_CHECK_S` the replica actor asks Ray which of the clients of its
 recorded runs have ended and ends their runs (``ReplicaWorker.end_runs_of``). Ray marks a
 Ray-client connection's job dead when its per-client server exits, about 30 s after the client
-is lost (Ray's reconnect grace), so the states are released within a minute of that, and the
-actor tells the KV manager those runs are over (``KVStateManager.end_run``), as their executor
-would have. A plan without an owner (the in-process cluster of the tests and ``LocalCluster``)
-is never ended this way.
+is lost (Ray's reconnect grace), so the states are released within a minute of that. The KV
+manager's actor does the same for the runs' records (``runtime.manager_actor``): the executor
+tells it each run's client when the run begins. A plan without an owner (the in-process cluster
+of the tests and ``LocalCluster``) is never ended this way.
 """
 
 from __future__ import annotations
@@ -60,10 +60,9 @@ def watch_owners(
     replica: _Owned,
     gone: Callable[[set[str]], set[str]],
     stop: threading.Event,
-    ended: Callable[[list[str]], None] = lambda _runs: None,
 ) -> threading.Thread:
     """A daemon thread that calls :func:`end_gone_owners` every :data:`OWNER_CHECK_S` until
-    ``stop`` is set, and ``ended`` with the runs it ended. A lookup that fails is logged once and
+    ``stop`` is set. A lookup that fails is logged once and
     retried at the next check; until one succeeds the runs stay protected, as they were before
     this existed."""
 
@@ -71,10 +70,8 @@ def watch_owners(
         warned = False
         while not stop.wait(OWNER_CHECK_S):
             try:
-                runs = end_gone_owners(replica, gone)
-                if runs:
-                    ended(runs)
-            except Exception as exc:  # NOTE: a failure (Ray's GCS, its private API, the manager) only delays release
+                end_gone_owners(replica, gone)
+            except Exception as exc:  # NOTE: a failure (Ray's GCS, its private API) only delays release
                 if not warned:
                     logging.getLogger("graphflow").warning(
                         f"cannot end the runs of clients that are gone ({exc!r}); retrying"

@@ -10,14 +10,13 @@ engine loaded (351 MiB instead of 157, and 1.4 s more per ``graphflow submit``, 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import ray
 
-from graphflow.runtime.actor_names import MANAGER_NAME, NAMESPACE, STATUS_GROUP
+from graphflow.runtime.actor_names import STATUS_GROUP
 from graphflow.runtime.owners import gone_jobs, watch_owners
 from graphflow.runtime.replica_config import ReplicaConfig
 
@@ -53,17 +52,10 @@ WORKER_METHODS = (
 STATUS_METHODS = ("queue_length", "stats", "end_run", "cancel_receive")  # cancel: the node it frees holds a thread
 
 
-def _tell_manager_runs_ended(runs: list[str]) -> None:
-    """``end_run`` at the deployment's manager for runs whose client is gone (not waited for:
-    a manager that is down is restarted by the next client, from a snapshot that still holds them)."""
-    manager = ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
-    for run in runs:
-        manager.end_run.remote(run, time.time())
-
-
 class ReplicaActor:
-    """The Ray actor of a replica: a ``ReplicaWorker`` that knows its Ray node and ends the runs
-    of clients that are gone; its cheap calls (queue length, stats) run on the ``status``
+    """The Ray actor of a replica: a ``ReplicaWorker`` that knows its Ray node and stops
+    protecting states for the runs of clients that are gone (``runtime.manager_actor`` ends
+    those runs at the manager); its cheap calls (queue length, stats) run on the ``status``
     concurrency group, never behind its nodes."""
 
     def __init__(self, config: ReplicaConfig) -> None:
@@ -73,7 +65,7 @@ class ReplicaActor:
         self._worker = ReplicaWorker(replace(config, node=node, host=config.host or ray.util.get_node_ip_address()))
         self._owners_stop = threading.Event()
         gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]  # NOTE: set when connected
-        watch_owners(self._worker, lambda jobs: gone_jobs(gcs, jobs), self._owners_stop, _tell_manager_runs_ended)
+        watch_owners(self._worker, lambda jobs: gone_jobs(gcs, jobs), self._owners_stop)
 
     def close(self) -> None:
         self._owners_stop.set()

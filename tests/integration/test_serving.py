@@ -30,6 +30,7 @@ ray.init(address="{HEAD}", namespace="graphflow", log_to_driver=False)
 cluster = RayCluster.attach(ray)
 r0 = cluster.replicas[0]
 ids = cluster.get(cluster.call(r0, "encode", "A client that leaves mid-run. " * 4))
+cluster.manager("begin_run", "gone-run", cluster.owner)  # as the executor does
 plan = NodePlan("gone-run:n1", tuple(ids), 1, next_use=(("gone-run:n1", 0),), owner=cluster.owner)
 res = cluster.get(cluster.call(r0, "run_node", plan))
 cluster.manager("apply", [*res.evicted, res.admit], time.time())
@@ -40,7 +41,12 @@ import time, ray
 from graphflow.runtime.actors import RayCluster
 ray.init(address="{HEAD}", namespace="graphflow", log_to_driver=False)
 cluster = RayCluster.attach(ray)
-assert "gone-run:n1" in cluster.manager("state_ids")  # told the run ended: kept a while
+for _ in range(60):  # the manager's own watch finds the client gone (every 15 s)
+    if not cluster.manager("run_owners"):
+        break
+    time.sleep(1.0)
+assert not cluster.manager("run_owners")
+assert "gone-run:n1" in cluster.manager("state_ids")  # ended: kept a while
 cluster.manager("end_run", "a-later-run", time.time() + 601)
 assert "gone-run:n1" not in cluster.manager("state_ids")
 """
@@ -186,7 +192,7 @@ def test_serve_submit_status_shutdown(tmp_path):
             if sum(r["abandoned_runs"] for r in replicas) == 1:
                 break
         assert [(r["protected_states"], r["abandoned_runs"]) for r in replicas] == [(0, 1), (0, 0)], replicas
-        # ... and told the manager that run is over, which forgets its records once they are old enough
+        # ... and the manager ends that run too, which forgets its records once they are old enough
         told = subprocess.run([sys.executable, "-c", FORGOTTEN], env=ENV, capture_output=True, text=True, timeout=300)
         assert told.returncode == 0, told.stderr[-3000:]
         # another Ray on this machine, which shutdown must leave running

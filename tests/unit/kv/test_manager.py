@@ -213,7 +213,7 @@ def test_a_restored_manager_still_forgets_the_runs_that_had_ended(tmp_path):
     back.retain_ended_s = 10.0
     assert back.state_ids() == ["run-1:ROOT", "run-2:ROOT"]
     assert back.end_run("run-3", 15.0) == 1 and back.state_ids() == ["run-2:ROOT"]
-    (tmp_path / "ended_runs.json").unlink()  # a snapshot of an older version: no ended runs known
+    (tmp_path / "runs.json").unlink()  # a snapshot of an older version: no ended runs known
     assert KVStateManager.restore(tmp_path).end_run("run-3", 1e9) == 0
 
 

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pytest
 
+from graphflow.kv.manager import KVStateManager
 from graphflow.runtime import owners
 from graphflow.runtime.kept import KeptStates
 from graphflow.runtime.owners import end_gone_owners, gone_jobs, watch_owners
@@ -91,19 +93,48 @@ def test_gone_jobs_are_those_the_job_table_marks_dead() -> None:
 
 def test_the_watch_ends_gone_clients_runs_and_stops(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(owners, "OWNER_CHECK_S", 0.01)
-    replica, stop, told, runs = _Replica(), threading.Event(), threading.Event(), []
+    replica, stop, asked = _Replica(), threading.Event(), threading.Event()
     replica.held.add("a:ROOT")
     replica.held.note_next_use("run-a", (("a:ROOT", 0),), owner="job-a")
 
-    def ended(gone_runs: list[str]) -> None:  # what the actor tells the manager
-        runs.extend(gone_runs)
-        told.set()
+    def gone(jobs: set[str]) -> set[str]:
+        asked.set()
+        return jobs
 
-    thread = watch_owners(replica, lambda jobs: jobs, stop, ended)
-    assert told.wait(5.0)
+    thread = watch_owners(replica, gone, stop)
+    assert asked.wait(5.0)
+    for _ in range(500):
+        if not replica.held.needed_now():
+            break
+        time.sleep(0.01)
     stop.set()
     thread.join(5.0)
-    assert not thread.is_alive() and replica.held.needed_now() == set() and runs == ["run-a"]
+    assert not thread.is_alive() and replica.held.needed_now() == set() and replica.run_owners() == set()
+
+
+class _Manager:
+    """The watch's two calls on a real ``KVStateManager``, as the manager's actor makes them."""
+
+    def __init__(self, mgr: KVStateManager) -> None:
+        self.mgr = mgr
+
+    def run_owners(self) -> set[str]:
+        return self.mgr.run_owners()
+
+    def end_runs_of(self, gone: Iterable[str]) -> list[str]:
+        return self.mgr.end_runs_of(gone, 100.0)
+
+
+def test_the_manager_ends_the_runs_of_gone_clients() -> None:
+    mgr = KVStateManager(retain_ended_s=0.0)
+    mgr.begin_run("run-a", "job-a")
+    mgr.begin_run("run-b", "job-b")
+    mgr.begin_run("run-local", "")  # no client to ask about: ended only by its executor
+    assert mgr.run_owners() == {"job-a", "job-b"}
+    assert end_gone_owners(_Manager(mgr), lambda jobs: jobs & {"job-a"}) == ["run-a"]
+    assert mgr.run_owners() == {"job-b"}
+    mgr.end_run("run-b", 101.0)  # its executor ended it: nothing left to watch
+    assert mgr.run_owners() == set() and end_gone_owners(_Manager(mgr), lambda jobs: jobs) == []
 
 
 def test_a_failing_lookup_is_logged_once_and_keeps_the_runs(
