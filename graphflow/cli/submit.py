@@ -16,9 +16,10 @@ from rich.table import Table
 from graphflow.cli._common import emit, folding_table, out, say, trace_table, user_errors
 
 if TYPE_CHECKING:
+    from graphflow.kv.events import ManagerStats
     from graphflow.runtime.stats import ReplicaStats
 
-__all__ = ["attach", "result_json", "status", "status_tables", "submit"]
+__all__ = ["attach", "manager_line", "result_json", "status", "status_tables", "submit"]
 
 
 def result_json(result: Any) -> dict[str, Any]:
@@ -195,6 +196,16 @@ def status_tables(stats: Sequence[ReplicaStats]) -> list[Table]:
     return [replicas, kv, *([routes] if routes.rows else [])]
 
 
+def manager_line(held: ManagerStats) -> str:
+    """``graphflow status``'s line about the KV manager."""
+    snap = f"last snapshot {held.snapshot_s:.3f} s" if held.snapshot_s else "no snapshot yet"
+    return (
+        f"manager: {held.records} state records, {held.catalog_rows} catalog rows ({held.live_copies} live); "
+        f"runs: {held.running_runs} running, {held.ended_runs} ended (records kept a while), "
+        f"{held.abandoned_runs} ended for a client that was gone; {snap}"
+    )
+
+
 @user_errors
 def status(
     address: str = typer.Option("auto", help="Ray address of the deployment."),
@@ -205,11 +216,13 @@ def status(
     stats = cluster.stats()
     nodes = cluster.nodes()
     served = cluster.deployment()  # what `serve` started (None: a board without it)
+    held: ManagerStats = cluster.manager("summary")
     if json_out:
         emit(
             {
                 "deployment": asdict(served) if served is not None else None,
                 "replicas": [s.to_json() for s in stats],
+                "manager": asdict(held),
                 "lost": cluster.lost,
                 "nodes": [asdict(n) for n in nodes],
             }
@@ -221,6 +234,7 @@ def status(
         out.print(f"serving over {', '.join(sorted({s.transport for s in stats})) or 'no replica'}")
     for table in status_tables(stats):
         out.print(table)
+    out.print(manager_line(held))
     gone = [n.host or n.node[:12] for n in nodes if not n.alive]
     if cluster.lost or gone:
         out.print(f"lost replicas: {', '.join(cluster.lost) or 'none'}; dead nodes: {', '.join(gone) or 'none'}")

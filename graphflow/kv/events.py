@@ -21,6 +21,7 @@ __all__ = [
     "AdmitEvent",
     "EvictEvent",
     "EvictionPlan",
+    "ManagerStats",
     "NodeLookup",
     "PrefixHits",
     "PrefixMatch",
@@ -115,6 +116,29 @@ class PrefixHits:
     hits: int = 0
     hit_rate: float = 0.0
     hit_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerStats:
+    """What the KV manager holds and how its runs stand (``graphflow status``).
+
+    Attributes:
+        records: state records kept (those of running runs, and of ended runs for a while).
+        catalog_rows: block copies the catalog lists, evicted ones that a record still names included.
+        live_copies: of those, the copies replicas hold now.
+        running_runs: runs begun by a client and not ended.
+        ended_runs: runs ended whose records are still kept.
+        abandoned_runs: runs it ended because their client was gone.
+        snapshot_s: how long its last snapshot took (0.0: none taken).
+    """
+
+    records: int = 0
+    catalog_rows: int = 0
+    live_copies: int = 0
+    running_runs: int = 0
+    ended_runs: int = 0
+    abandoned_runs: int = 0
+    snapshot_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

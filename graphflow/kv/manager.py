@@ -17,8 +17,8 @@ for it (``end_runs_of``, which the manager's actor calls: ``runtime.manager_acto
 Forgetting records also drops the catalog's evicted rows that no kept record and no live row
 (as a parent) names (``Catalog.compact``).
 
-Times are passed in (``now_s``), never read from a clock here (only snapshot pacing,
-``graphflow.kv.manager_snapshot.SnapshotPacer``, reads a monotonic clock).
+Times are passed in (``now_s``), never read from a clock here (only snapshot pacing and timing,
+in ``graphflow.kv.manager_snapshot``, read a monotonic clock).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from graphflow.kv.events import (
     AdmitEvent,
     EvictEvent,
     EvictionPlan,
+    ManagerStats,
     NodeLookup,
     PrefixHits,
     PrefixMatch,
@@ -58,6 +59,7 @@ __all__ = [
     "EvictEvent",
     "EvictionPlan",
     "KVStateManager",
+    "ManagerStats",
     "RETAIN_ENDED_S",
     "NodeLookup",
     "PrefixMatch",
@@ -89,6 +91,8 @@ class KVStateManager:
         self.retain_ended_s = retain_ended_s
         self._ended: dict[str, float] = {}  # run → when it ended, oldest first (records still kept)
         self._owners: dict[str, str] = {}  # running run → its client's Ray job id (runs that have one)
+        self._abandoned = 0  # runs ended for a client that was gone
+        self._snapshot_s = 0.0  # how long the last snapshot took
         self.block_tokens = block_tokens
         self.catalog = Catalog(epoch_s)
         self.weights = weights or EvictionWeights()
@@ -103,7 +107,7 @@ class KVStateManager:
     # ---- snapshots (graphflow.kv.manager_snapshot) ---------------------------------------
     def snapshot(self, folder: str | Path) -> None:
         """Write the catalog, states and replicas into ``folder`` (atomically swapped in)."""
-        write_snapshot(
+        self._snapshot_s = write_snapshot(
             folder, self.catalog, list(self._states), self.replicas, self.block_tokens, self._ended, self._owners
         )
 
@@ -260,6 +264,7 @@ class KVStateManager:
         runs = [run for run, owner in self._owners.items() if owner in gone]
         for run in runs:
             self.end_run(run, now_s)
+        self._abandoned += len(runs)
         return runs
 
     def end_run(self, run: str, now_s: float) -> int:
@@ -330,6 +335,18 @@ class KVStateManager:
                 info = self._replicas.get(replica, ReplicaInfo(replica))
                 out.append((key, info.node, replica, info.device))
         return out
+
+    def summary(self) -> ManagerStats:
+        """What it holds (records, catalog rows) and how its runs stand."""
+        return ManagerStats(
+            records=len(self._states),
+            catalog_rows=len(self.catalog.col("key")),
+            live_copies=len(self.catalog),
+            running_runs=len(self._owners),
+            ended_runs=len(self._ended),
+            abandoned_runs=self._abandoned,
+            snapshot_s=self._snapshot_s,
+        )
 
     def hit_stats(self) -> dict[str, PrefixHits]:
         """Per replica: prefix lookups it answered best, their share of all lookups, tokens matched."""

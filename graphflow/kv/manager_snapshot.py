@@ -44,13 +44,14 @@ def write_snapshot(
     block_tokens: int,
     ended: dict[str, float] | None = None,
     owners: dict[str, str] | None = None,
-) -> None:
+) -> float:
     """Write ``catalog.parquet`` and ``states.parquet`` (plus replicas) into ``folder``, and
     ``runs.json``: the runs that have ended whose records are still kept, and the clients of
     those still running (so a restored manager forgets both in time too).
 
     Written into a sibling folder first and swapped in, so a crash mid-write leaves the
-    previous snapshot whole."""
+    previous snapshot whole. Returns the seconds it took."""
+    started = time.perf_counter()
     folder = Path(folder)
     tmp, old = folder.with_name(folder.name + ".new"), folder.with_name(folder.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -63,6 +64,7 @@ def write_snapshot(
         folder.rename(old)
     tmp.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
+    return time.perf_counter() - started
 
 
 def read_snapshot(folder: str | Path) -> Snapshot:

@@ -195,6 +195,8 @@ def test_serve_submit_status_shutdown(tmp_path):
         # ... and the manager ends that run too, which forgets its records once they are old enough
         told = subprocess.run([sys.executable, "-c", FORGOTTEN], env=ENV, capture_output=True, text=True, timeout=300)
         assert told.returncode == 0, told.stderr[-3000:]
+        held = _last_json(_cli("status", "--address", HEAD, "--json"))["manager"]
+        assert (held["running_runs"], held["abandoned_runs"]) == (0, 1) and held["snapshot_s"] > 0, held
         # another Ray on this machine, which shutdown must leave running
         subprocess.run([ray_exe(), "start", *BYSTANDER], capture_output=True, env=ENV, timeout=120, check=True)
     finally:

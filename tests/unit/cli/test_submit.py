@@ -88,3 +88,15 @@ def test_submit_without_a_task_says_what_to_give():
 
     got = CliRunner().invoke(app, ["submit", "--address", "ray://127.0.0.1:9"])
     assert got.exit_code == 2 and "nothing to run; give --task TEXT or --tasks-file FILE" in got.output, got.output
+
+
+def test_the_manager_line_says_what_it_holds_and_how_its_runs_stand():
+    from graphflow.cli.submit import manager_line
+    from graphflow.kv.events import ManagerStats
+
+    line = manager_line(ManagerStats(600, 11_400, 2_660, 3, 120, 2, 0.0125))
+    assert line == (
+        "manager: 600 state records, 11400 catalog rows (2660 live); runs: 3 running, 120 ended (records kept a "
+        "while), 2 ended for a client that was gone; last snapshot 0.013 s"
+    )
+    assert manager_line(ManagerStats()).endswith("; no snapshot yet")

@@ -5,7 +5,7 @@ import pytest
 
 from graphflow.kv.catalog import BlockBatch
 from graphflow.kv.keys import ROOT_KEY, chain_keys
-from graphflow.kv.manager import AdmitEvent, EvictEvent, KVStateManager, ReplicaInfo, StateRecord
+from graphflow.kv.manager import AdmitEvent, EvictEvent, KVStateManager, ManagerStats, ReplicaInfo, StateRecord
 from graphflow.kv.state import KVState, Lineage, Placement, Positions, RopeInfo
 
 MODEL_KEY = "toy@cafe"
@@ -215,6 +215,24 @@ def test_a_restored_manager_still_forgets_the_runs_that_had_ended(tmp_path):
     assert back.end_run("run-3", 15.0) == 1 and back.state_ids() == ["run-2:ROOT"]
     (tmp_path / "runs.json").unlink()  # a snapshot of an older version: no ended runs known
     assert KVStateManager.restore(tmp_path).end_run("run-3", 1e9) == 0
+
+
+def test_the_summary_counts_records_rows_runs_and_the_last_snapshot(tmp_path):
+    mgr = KVStateManager(block_tokens=BT, retain_ended_s=10.0)
+    mgr.add_replica(ReplicaInfo("r0", node="n0", budget_bytes=10 * NB))
+    gone = _admit(mgr, "r0", "run-1:ROOT", list(range(8)))
+    _admit(mgr, "r0", "run-2:ROOT", list(range(100, 112)))
+    mgr.apply([EvictEvent("r0", tuple(gone), "run-1:ROOT")], 1.0)
+    mgr.begin_run("run-2", "job-2")
+    mgr.begin_run("run-3", "job-3")
+    assert mgr.summary() == ManagerStats(2, 5, 3, 2, 0, 0, 0.0)
+    assert mgr.end_runs_of({"job-3"}, 2.0) == ["run-3"]
+    mgr.end_run("run-1", 2.0)
+    mgr.snapshot(tmp_path)
+    held = mgr.summary()
+    assert (held.running_runs, held.ended_runs, held.abandoned_runs) == (1, 2, 1) and held.snapshot_s > 0
+    restored = KVStateManager.restore(tmp_path).summary()
+    assert (restored.records, restored.running_runs, restored.ended_runs) == (2, 1, 2)
 
 
 def test_forgetting_a_run_drops_its_evicted_blocks_from_the_catalog():
