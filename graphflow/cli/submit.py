@@ -197,12 +197,12 @@ def status_tables(stats: Sequence[ReplicaStats]) -> list[Table]:
 
 
 def manager_line(held: ManagerStats) -> str:
-    """``graphflow status``'s line about the KV manager."""
+    """``graphflow status``'s line about the KV manager (abandoned: runs it ended because their
+    client was gone; ended: runs whose records it still keeps a while)."""
     snap = f"last snapshot {held.snapshot_s:.3f} s" if held.snapshot_s else "no snapshot yet"
     return (
         f"manager: {held.records} state records, {held.catalog_rows} catalog rows ({held.live_copies} live); "
-        f"runs: {held.running_runs} running, {held.ended_runs} ended (records kept a while), "
-        f"{held.abandoned_runs} ended for a client that was gone; {snap}"
+        f"runs {held.running_runs} running, {held.ended_runs} ended, {held.abandoned_runs} abandoned; {snap}"
     )
 
 
@@ -211,7 +211,7 @@ def status(
     address: str = typer.Option("auto", help="Ray address of the deployment."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
-    """Replicas, KV memory and blocks of a running deployment."""
+    """Replicas, KV memory and blocks of a running deployment, and its KV manager's records and runs."""
     cluster = attach(address)
     stats = cluster.stats()
     nodes = cluster.nodes()

@@ -96,7 +96,7 @@ def test_the_manager_line_says_what_it_holds_and_how_its_runs_stand():
 
     line = manager_line(ManagerStats(600, 11_400, 2_660, 3, 120, 2, 0.0125))
     assert line == (
-        "manager: 600 state records, 11400 catalog rows (2660 live); runs: 3 running, 120 ended (records kept a "
-        "while), 2 ended for a client that was gone; last snapshot 0.013 s"
+        "manager: 600 state records, 11400 catalog rows (2660 live); runs 3 running, 120 ended, 2 abandoned; "
+        "last snapshot 0.013 s"
     )
     assert manager_line(ManagerStats()).endswith("; no snapshot yet")
