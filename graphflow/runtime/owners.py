@@ -62,9 +62,8 @@ def watch_owners(
     stop: threading.Event,
 ) -> threading.Thread:
     """A daemon thread that calls :func:`end_gone_owners` every :data:`OWNER_CHECK_S` until
-    ``stop`` is set. A lookup that fails is logged once and
-    retried at the next check; until one succeeds the runs stay protected, as they were before
-    this existed."""
+    ``stop`` is set. A lookup that fails is logged once and retried at the next check; until one
+    succeeds the runs stay as they are (protected, recorded), as they were before this existed."""
 
     def loop() -> None:
         warned = False

@@ -4,7 +4,8 @@ The worker (model, block store, transport) is built inside the actor's process; 
 itself loads without torch. Ray's per-client server on the head imports the module of every
 actor class a client looks up by name, to learn its methods: while the actor class was a
 subclass of ``ReplicaWorker``, each connected client cost the head a process with torch and the
-engine loaded (351 MiB instead of 157, and 1.4 s more per ``graphflow submit``, measured here).
+engine loaded (352 MiB instead of 157, and a ``graphflow submit`` 1.8 s slower in median, measured
+here; README, "Measured here").
 """
 
 from __future__ import annotations
