@@ -5,7 +5,7 @@ itself loads without torch. Ray's per-client server on the head imports the modu
 actor class a client looks up by name, to learn its methods: while the actor class was a
 subclass of ``ReplicaWorker``, each connected client cost the head a process with torch and the
 engine loaded (352 MiB instead of 157, and a ``graphflow submit`` 1.8 s slower in median, measured
-here; README, "Measured here").
+here; see the README).
 """
 
 from __future__ import annotations
