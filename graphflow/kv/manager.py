@@ -269,9 +269,15 @@ class KVStateManager:
 
     def end_run(self, run: str, now_s: float) -> int:
         """``run`` is over (no more admits will name its states); its records go once
-        ``retain_ended_s`` has passed, checked at each call. Returns the records forgotten now."""
+        ``retain_ended_s`` has passed (:meth:`forget_ended`). Returns the records forgotten now."""
         self._owners.pop(run, None)
         self._ended[run] = now_s
+        return self.forget_ended(now_s)
+
+    def forget_ended(self, now_s: float) -> int:
+        """Forget the records of runs that ended ``retain_ended_s`` or more before ``now_s``
+        (each ``end_run`` does this; the manager's actor also does it every minute, so an idle
+        deployment forgets too). Returns the records forgotten."""
         due = [r for r, ended_s in self._ended.items() if now_s - ended_s >= self.retain_ended_s]
         for r in due:
             del self._ended[r]

@@ -5,8 +5,9 @@ A run's executor tells the manager when the run begins (with its client's Ray jo
 ends. A client killed mid-run never says the second: every :data:`~graphflow.runtime.owners.OWNER_CHECK_S`
 the actor asks Ray's job table which of its runs' clients have ended, and ends their runs, so
 their records are forgotten in time like any other run's (the replicas do the same for the states
-they protect). The watch calls the actor itself, so the manager's state is touched only by its own
-calls, one at a time.
+they protect). Every :data:`FORGET_CHECK_S` it also forgets the records of runs ended longer ago
+than its retention, which otherwise only the next run's end would do. Both call the actor itself,
+so the manager's state is touched only by its own calls, one at a time.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ import ray
 
 from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.owners import gone_jobs, watch_owners
+from graphflow.runtime.periodic import every
 
-__all__ = ["ManagerActor"]
+__all__ = ["FORGET_CHECK_S", "ManagerActor"]
+
+FORGET_CHECK_S = 60.0
 
 
 class _CallsOnItself:
-    """The watch's two calls, made as calls on the manager actor (queued with its other calls)."""
+    """The housekeeping's calls, made as calls on the manager actor (queued with its other calls)."""
 
     def __init__(self) -> None:
         self._me: Any = None
@@ -41,12 +45,17 @@ class _CallsOnItself:
     def end_runs_of(self, owners: Iterable[str]) -> list[str]:
         return list(ray.get(self._actor().end_runs_of.remote(sorted(owners), time.time())))
 
+    def forget_ended(self) -> int:
+        return int(ray.get(self._actor().forget_ended.remote(time.time())))
+
 
 class ManagerActor(KVStateManager):
     """The deployment's manager, as a Ray actor: a ``KVStateManager`` that ends the runs of
-    clients that are gone."""
+    clients that are gone and forgets ended runs on time, busy or idle."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]  # NOTE: set when connected
-        watch_owners(_CallsOnItself(), lambda jobs: gone_jobs(gcs, jobs), threading.Event())
+        calls, stop = _CallsOnItself(), threading.Event()  # NOTE: never set: the threads end with the actor
+        watch_owners(calls, lambda jobs: gone_jobs(gcs, jobs), stop)
+        every(lambda: FORGET_CHECK_S, calls.forget_ended, stop, "forget the records of ended runs")

@@ -16,14 +16,16 @@ of the tests and ``LocalCluster``) is never ended this way.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from graphflow.runtime.periodic import every
+
 __all__ = ["OWNER_CHECK_S", "end_gone_owners", "gone_jobs", "watch_owners"]
 
 OWNER_CHECK_S = 15.0
+WATCH = "end the runs of clients that are gone"
 
 
 class _Owned(Protocol):
@@ -64,19 +66,4 @@ def watch_owners(
     """A daemon thread that calls :func:`end_gone_owners` every :data:`OWNER_CHECK_S` until
     ``stop`` is set. A lookup that fails is logged once and retried at the next check; until one
     succeeds the runs stay as they are (protected, recorded), as they were before this existed."""
-
-    def loop() -> None:
-        warned = False
-        while not stop.wait(OWNER_CHECK_S):
-            try:
-                end_gone_owners(replica, gone)
-            except Exception as exc:  # NOTE: a failure (Ray's GCS, its private API) only delays release
-                if not warned:
-                    logging.getLogger("graphflow").warning(
-                        f"cannot end the runs of clients that are gone ({exc!r}); retrying"
-                    )
-                    warned = True
-
-    thread = threading.Thread(target=loop, name="graphflow-run-owners", daemon=True)
-    thread.start()
-    return thread
+    return every(lambda: OWNER_CHECK_S, lambda: end_gone_owners(replica, gone), stop, WATCH)

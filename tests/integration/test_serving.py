@@ -47,7 +47,7 @@ for _ in range(60):  # the manager's own watch finds the client gone (every 15 s
     time.sleep(1.0)
 assert not cluster.manager("run_owners")
 assert "gone-run:n1" in cluster.manager("state_ids")  # ended: kept a while
-cluster.manager("end_run", "a-later-run", time.time() + 601)
+cluster.manager("forget_ended", time.time() + 601)  # as the manager's actor does every minute
 assert "gone-run:n1" not in cluster.manager("state_ids")
 """
 

@@ -235,6 +235,16 @@ def test_the_summary_counts_records_rows_runs_and_the_last_snapshot(tmp_path):
     assert (restored.records, restored.running_runs, restored.ended_runs) == (2, 1, 2)
 
 
+def test_an_idle_manager_forgets_ended_runs_when_asked():
+    mgr = KVStateManager(block_tokens=BT, retain_ended_s=10.0)
+    mgr.add_replica(ReplicaInfo("r0", node="n0", budget_bytes=10 * NB))
+    _admit(mgr, "r0", "run-1:ROOT", list(range(8)))
+    assert mgr.end_run("run-1", 5.0) == 0
+    assert mgr.forget_ended(14.9) == 0 and mgr.state_ids() == ["run-1:ROOT"]
+    assert mgr.forget_ended(15.0) == 1 and mgr.state_ids() == [] and mgr.summary().ended_runs == 0
+    mgr.check_integrity()
+
+
 def test_forgetting_a_run_drops_its_evicted_blocks_from_the_catalog():
     mgr = KVStateManager(block_tokens=BT, retain_ended_s=0.0)
     mgr.add_replica(ReplicaInfo("r0", node="n0", budget_bytes=10 * NB))
