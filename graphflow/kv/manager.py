@@ -89,7 +89,7 @@ class KVStateManager:
         if not retain_ended_s >= 0:
             raise ValueError(f"retain_ended_s must be 0 or more seconds, got {retain_ended_s}")
         self.retain_ended_s = retain_ended_s
-        self._ended: dict[str, float] = {}  # run → when it ended, oldest first (records still kept)
+        self._ended: dict[str, float] = {}  # run → when it ended (its records still kept)
         self._owners: dict[str, str] = {}  # running run → its client's Ray job id (runs that have one)
         self._abandoned = 0  # runs ended for a client that was gone
         self._snapshot_s = 0.0  # how long the last snapshot took
@@ -134,7 +134,7 @@ class KVStateManager:
         self.catalog, self.block_tokens = snap.catalog, snap.block_tokens
         self._replicas = {info.name: info for info in snap.replicas}
         self._states = StateIndex(snap.records)
-        self._ended = dict(sorted(snap.ended.items(), key=lambda kv: kv[1]))
+        self._ended = dict(snap.ended)
         self._owners = dict(snap.owners)
         return len(snap.records)
 
