@@ -201,17 +201,17 @@ class Client:
         transfers: bool = True,
         on_node: Callable[[NodeTrace], None] | None = None,
     ) -> RunResult:
-        """Generate (or take) a workflow for ``task``, run it on the replicas, return output + trace.
+        """Have a replica plan a workflow for ``task`` (or take ``workflow``), run it, return output + trace.
 
         ``pin`` maps node ids (or ``ROOT``, the task context) to the replica they must run on;
         ``transfers=False`` keeps every replica to its own prefixes (per-replica prefix caching);
         ``on_node`` is called with each node's trace as it finishes (progress)."""
         require_task(task)
-        if workflow is None:
-            from graphflow.workflow.planner import Planner
-
-            workflow = Planner.load().generate(task)
-        task_ids = self.cluster.get(self.cluster.call(self.cluster.replicas[0], "encode", task))
+        first = self.cluster.replicas[0]
+        ids = self.cluster.call(first, "encode", task)
+        if workflow is None:  # NOTE: planned on a replica, which has torch loaded; the client never loads it
+            workflow = self.cluster.get(self.cluster.call(first, "plan", task))
+        task_ids = self.cluster.get(ids)
         graph = compile_workflow(workflow, self.templates)
         return self.executor.run(
             graph, task_ids, new_run_id(), reuse=reuse, on_node=on_node, pin=pin, transfers=transfers

@@ -42,6 +42,7 @@ WORKER_METHODS = (
     "max_positions",
     "memory",
     "model_key",
+    "plan",
     "prefill_seconds",
     "probe",
     "release",

@@ -128,3 +128,23 @@ def test_run_many_refuses_bad_input_before_running_anything():
     with pytest.raises(ValueError, match="the task is empty"):
         client.run_many(["a", " "])
     assert client.most == 0
+
+
+def test_a_task_without_a_workflow_is_planned_on_a_replica(client, monkeypatch):
+    """The client asks a replica for the generator's workflow (the replica has torch loaded);
+    it runs exactly that workflow's nodes."""
+    from graphflow.workflow.compile import compile_workflow
+    from graphflow.workflow.planner import Planner
+
+    task = "Add 17 and 25, then multiply the sum by 3."
+    expected = Planner.load().generate(task)
+    first = client.cluster.workers[client.cluster.replicas[0]]
+    assert first.plan(task) == expected
+    asked: list[str] = []
+    plan = first.plan
+    monkeypatch.setattr(first, "plan", lambda t: asked.append(t) or plan(t))
+    monkeypatch.setattr(client.executor, "decode_steps", 2)
+    result = client.run(task)
+    assert asked == [task]
+    graph = compile_workflow(expected, client.templates)
+    assert sorted(t.node for t in result.nodes) == sorted(n.id for n in graph.nodes)
