@@ -4,6 +4,7 @@ calibrate`` and ``graphflow sweep …`` are in ``cli/sweep.py``)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 from rich.markup import escape
@@ -173,6 +174,44 @@ def bench_manager_life_cmd(
             f"{r.snapshot_s:.3f}",
         )
     out.print(table)
+
+
+@app.command("submit")
+@user_errors
+def bench_submit_cmd(
+    address: str = typer.Option(..., help="Ray client address of a `graphflow serve` deployment (ray://host:10001)."),
+    task: str = typer.Option("", help="The task each submit runs (or --tasks-file)."),
+    tasks_file: Path | None = typer.Option(
+        None, "--tasks-file", help="A file of tasks, one per line, each submit runs."
+    ),
+    decode: int = typer.Option(8, help="Tokens each node generates after its first (decode steps)."),
+    submits: int = typer.Option(5, help="Submits measured, one after another."),
+    warmup: int = typer.Option(1, help="Submits run first and left out of the medians."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """What one `graphflow submit` costs end to end: each submit a process of its own (start-up,
+    imports, a new Ray client, its tasks, exit), its wall time split into the tasks' time and the
+    rest; the outputs of every submit compared."""
+    from graphflow.bench.submit import bench_submit, submit_command
+    from graphflow.cli.submit import submitted_tasks
+
+    submitted_tasks(task, tasks_file, 1)
+    report = bench_submit(submit_command(address, task, tasks_file, decode), submits, warmup, say=say)
+    if json_out:
+        emit(report.to_dict())
+        return
+    table = folding_table("#", "warm-up", "wall s", "tasks s", "rest s")
+    for r in report.rows:
+        table.add_row(
+            str(r.index + 1), "yes" if r.warmup else "", f"{r.wall_s:.2f}", f"{r.run_s:.2f}", f"{r.outside_s:.2f}"
+        )
+    out.print(table)
+    out.print(
+        f"median of {submits}: {report.median_wall_s:.2f} s a submit "
+        f"({report.min_wall_s:.2f}–{report.max_wall_s:.2f}), "
+        f"tasks {report.median_run_s:.2f} s, the rest {report.median_outside_s:.2f} s; "
+        + ("the same outputs every time" if report.same_outputs else "the outputs differed between submits")
+    )
 
 
 @app.command("prefill")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from graphflow.kv.events import ManagerStats
     from graphflow.runtime.stats import ReplicaStats
 
-__all__ = ["attach", "manager_line", "result_json", "status", "status_tables", "submit"]
+__all__ = ["attach", "manager_line", "result_json", "status", "status_tables", "submit", "submitted_tasks"]
 
 
 def result_json(result: Any) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def submit(
 ) -> None:
     """Submit a task (or a file of tasks) to a running deployment; prints the output and the
     per-node trace (for a file: one line per task and the tasks per second)."""
-    tasks = _submitted_tasks(task, tasks_file, concurrency)  # NOTE: before the seconds of imports and attaching
+    tasks = submitted_tasks(task, tasks_file, concurrency)  # NOTE: before the seconds of imports and attaching
     from graphflow.client import connect
 
     say(f"connecting to the deployment at {address}")
@@ -125,7 +125,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _submitted_tasks(task: str, tasks_file: Path | None, concurrency: int) -> list[str]:
+def submitted_tasks(task: str, tasks_file: Path | None, concurrency: int) -> list[str]:
     """What ``submit`` was asked to run, checked before anything connects."""
     from graphflow.workflow.tasks import require_task
 
