@@ -25,7 +25,6 @@ age, the running workflows' steps until next use), never a state a ready node ne
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -54,7 +53,7 @@ from graphflow.runtime.replica_sends import Sends
 from graphflow.runtime.replica_store import ReplicaStore
 from graphflow.runtime.stats import ReplicaStats, Route
 from graphflow.workflow.corpus import Workflow
-from graphflow.workflow.planner import Planner
+from graphflow.workflow.planner import CheckpointPlanner
 from transport.base import Transport, TransportConfig
 from transport.memory import host_arena
 
@@ -114,8 +113,7 @@ class ReplicaWorker:
         self.compute = NodeCompute(self.engine, self.batcher, self.templates, self._lock, config.block_tokens)
         self.nodes = NodeRunner(config, self.kept, held, self.compute, self.transport, self.pool)
         self._active = 0  # node calls in this replica now (receiving, queued or running)
-        self._planner: Planner | None = None  # loaded at the first plan() call
-        self._planner_lock = threading.Lock()
+        self.planner = CheckpointPlanner()  # loaded at the first plan() call
 
     def _engine_loop(self, threads: int) -> tuple[Batcher | None, str]:
         """The engine loop when batching is on and the model allows it, else why not;
@@ -149,13 +147,10 @@ class ReplicaWorker:
         return self.engine.tokenizer.decode(list(ids))
 
     def plan(self, task: str) -> Workflow:
-        """The workflow the trained generator picks for ``task`` (``Planner``, loaded once per
-        replica). Clients plan here so that they never load torch: the replica has it loaded
-        already, a fresh client took about 1 s to import it."""
-        with self._planner_lock:
-            if self._planner is None:
-                self._planner = Planner.load()
-            return self._planner.generate(task)
+        """The workflow the trained generator picks for ``task`` (the packaged checkpoint, loaded
+        at the first task and again once it changed). Clients plan here so that they never load
+        torch: the replica has it loaded already, a fresh client took about 1 s to import it."""
+        return self.planner.generate(task)
 
     # ---- node execution ------------------------------------------------------------------
     def run_node(self, plan: NodePlan) -> NodeResult:

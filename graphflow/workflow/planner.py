@@ -6,6 +6,8 @@ Checkpoints are plain ``torch.save`` dicts of tensors, numbers and strings (load
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import torch
@@ -17,7 +19,7 @@ from graphflow.workflow.generator import GeneratorConfig, WorkflowGenerator
 from graphflow.workflow.tasks import require_task
 from graphflow.workflow.wgraph import WGraph
 
-__all__ = ["DEFAULT_CHECKPOINT", "Planner"]
+__all__ = ["DEFAULT_CHECKPOINT", "CheckpointPlanner", "Planner"]
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "checkpoints" / "generator.pt"
 
@@ -72,3 +74,29 @@ class Planner:
         planner = cls(g, HashingEncoder(int(ck["encoder_dim"])), GeneratorConfig(**ck["config"]))
         planner.model.load_state_dict(ck["state_dict"])
         return planner
+
+
+class CheckpointPlanner:
+    """Plans with the generator a checkpoint file holds now: loaded at the first task, and again
+    at the first task after the file changed (``graphflow train generator`` rewrites the packaged
+    one), so a long-running replica plans with the generator last trained. Thread-safe."""
+
+    def __init__(self, path: str | Path = DEFAULT_CHECKPOINT) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._planner: Planner | None = None
+        self._version: tuple[int, int] | None = None  # (mtime ns, size) of the file it was loaded from
+        self.loads = 0
+
+    def generate(self, task: str) -> Workflow:
+        require_task(task)
+        with self._lock:
+            try:
+                st = os.stat(self.path)
+                version = (st.st_mtime_ns, st.st_size)
+            except FileNotFoundError:
+                version = None  # NOTE: Planner.load says what is missing
+            if self._planner is None or version != self._version:
+                self._planner, self._version = Planner.load(self.path), version
+                self.loads += 1
+            return self._planner.generate(task)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 
@@ -12,7 +13,7 @@ from graphflow.workflow.compile import ROOT, compile_workflow
 from graphflow.workflow.corpus import Workflow, WorkflowNode, load_corpus, references
 from graphflow.workflow.decode import Candidates, decode, is_valid
 from graphflow.workflow.generator import GeneratorConfig, WorkflowGenerator
-from graphflow.workflow.planner import DEFAULT_CHECKPOINT, Planner
+from graphflow.workflow.planner import DEFAULT_CHECKPOINT, CheckpointPlanner, Planner
 from graphflow.workflow.train import TrainConfig, edge_f1, imitation, reinforce
 from graphflow.workflow.wgraph import WGraph, structure
 
@@ -197,3 +198,22 @@ def test_reinforce_batches_tasks_and_scales_the_task_skips_learning_rate():
         reinforce(planner, tasks, reward, tasks_per_step=0)
     with pytest.raises(ValueError, match="skip_lr_scale"):
         reinforce(planner, tasks, reward, skip_lr_scale=0.0)
+
+
+def test_a_checkpoint_planner_loads_once_and_again_after_the_file_changes(tmp_path):
+    path = tmp_path / "generator.pt"
+    with pytest.raises(ValueError, match="no generator checkpoint at"):
+        CheckpointPlanner(path).generate("Add 2 and 3.")
+    trained = Planner.load()
+    trained.save(path)
+    planner = CheckpointPlanner(path)
+    task = "Add 17 and 25, then multiply the sum by 3."
+    assert planner.generate(task) == trained.generate(task) and planner.loads == 1
+    assert planner.generate("What is 6 times 7?") == trained.generate("What is 6 times 7?") and planner.loads == 1
+    other = Planner(trained.g, seed=5)  # NOTE: untrained: a different generator over the same wGraph
+    other.save(path)
+    later = path.stat().st_mtime_ns + 1_000_000_000  # NOTE: a retrain is minutes later; file times can be coarse
+    os.utime(path, ns=(later, later))
+    assert planner.generate(task) == other.generate(task) and planner.loads == 2
+    with pytest.raises(ValueError, match="the task is empty"):
+        planner.generate(" ")
