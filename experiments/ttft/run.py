@@ -39,6 +39,8 @@ from graphflow.harness.launch import run_two_processes
 
 HERE = Path(__file__).parent
 SYSTEMS = ("dense", "text", "local", "ours")
+CAPACITY_MIB = 2048  # --served: KV store per replica, all prefaulted
+QUICK_CAPACITY_MIB = 256  # --served --quick: room for the 1024-token context and the agents' KV
 PUBLISHED = "AAFLOW+ reports TTFT up to 50.2× faster than dense prefill (published, modeled in their code)"
 
 
@@ -130,7 +132,11 @@ def main() -> None:
     p.add_argument("--contexts", default=None, help="tokens (default: 1024,4096,8192,16384; --served: 1024,4096)")
     p.add_argument("--suffix", type=int, default=64, help="the agent's own prompt tokens (scripted and --served)")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="smollm2-135m at 256 and 1024 tokens, 1 repeat (≤ 60 s)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smollm2-135m at 256 and 1024 tokens, 1 repeat, written under out/ (≤ 60 s; --served ≤ 2 min)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument("--report", action="store_true", help="only regenerate table, plot and summary from the CSV")
     p.add_argument(
@@ -140,7 +146,12 @@ def main() -> None:
         "several --models run one after another, each skipping contexts beyond its positions)",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads of every process (0: this process's count)")
-    p.add_argument("--capacity-mib", type=int, default=2048, help="--served: KV store per replica, all prefaulted")
+    p.add_argument(
+        "--capacity-mib",
+        type=int,
+        default=0,
+        help=f"--served: KV store per replica, all prefaulted (default {CAPACITY_MIB}; --quick {QUICK_CAPACITY_MIB})",
+    )
     add_provenance(p)
     args = p.parse_args()
     guard_tree(args.allow_dirty, args.quick)
@@ -185,22 +196,31 @@ def _models_and_contexts(models: str, contexts: str) -> tuple[list[str], list[in
         raise SystemExit(str(e)) from None
 
 
+def served_settings(args: argparse.Namespace) -> tuple[list[str], list[int], int, int]:
+    """(models, contexts, repeats, KV store MiB per replica) of a ``--served`` run, checked.
+    ``--quick`` takes the scripted quick sizes and a smaller store to prefault."""
+    if args.quick:
+        args.models, args.contexts, args.repeats = "smollm2-135m", "256,1024", 1
+    models, contexts = _models_and_contexts(args.models or "smollm2-135m", args.contexts or "1024,4096")
+    if args.repeats < 1 or args.suffix < 1 or any(c < 16 for c in contexts):
+        raise SystemExit("--served takes contexts of at least 16 tokens, --suffix and --repeats ≥ 1")
+    repeats = 1 if args.quick else max(args.repeats, 3)  # NOTE: full runs keep medians of three or more
+    return models, contexts, repeats, args.capacity_mib or (QUICK_CAPACITY_MIB if args.quick else CAPACITY_MIB)
+
+
 def _served(args: argparse.Namespace) -> None:
     import torch
 
     from experiments.ttft.served import served_rows
 
-    models, contexts = _models_and_contexts(args.models or "smollm2-135m", args.contexts or "1024,4096")
+    models, contexts, repeats, capacity_mib = served_settings(args)
     threads = args.threads or torch.get_num_threads()
-    if args.repeats < 1 or args.suffix < 1 or any(c < 16 for c in contexts):
-        raise SystemExit("--served takes contexts of at least 16 tokens, --suffix and --repeats ≥ 1")
-    repeats = max(args.repeats, 3)
     rows: list[dict[str, Any]] = []
     deployments: dict[str, Any] = {}
     for model in models:
         if not args.json:
             print(f"served: {model} at {contexts}, {repeats} repeats, {threads} torch threads per process")
-        served = served_rows(model, contexts, repeats, threads, args.capacity_mib, args.suffix)
+        served = served_rows(model, contexts, repeats, threads, capacity_mib, args.suffix)
         if not served["rows"]:
             raise SystemExit(f"{model} holds none of the contexts {contexts}; ask for shorter ones")
         suffix = served["rows"][0]["suffix"]
@@ -216,7 +236,7 @@ def _served(args: argparse.Namespace) -> None:
         contexts=contexts,
         repeats=repeats,
         threads=threads,
-        capacity_mib=args.capacity_mib,
+        capacity_mib=capacity_mib,
         deployments=deployments,
     )
     if not args.quick:
