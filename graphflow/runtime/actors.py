@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -55,6 +56,13 @@ REPLICA_ENV = {
     "MALLOC_TRIM_THRESHOLD_": str(2**32 - 1),
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
 }
+# NOTE: Ray records every call on an actor (a task event) in the GCS until its cap of task events:
+# a served deployment's replicas, manager and board take thousands of calls an hour, and the
+# head's GCS grew 0.42 MiB per `graphflow submit` with them recorded, 0.21 without (20 submits,
+# README). Nothing reads them on the head `serve` starts (no dashboard, so no state API);
+# GRAPHFLOW_RAY_TASK_EVENTS=1 in the environment of `serve` records them, for a Ray cluster whose
+# dashboard (`ray list tasks`) should show these actors' calls.
+TASK_EVENTS = os.environ.get("GRAPHFLOW_RAY_TASK_EVENTS", "") == "1"
 
 
 def named_actor(ray: Any, name: str, cls: type) -> Any:
@@ -82,7 +90,14 @@ def _board(ray: Any, **options: Any) -> Any:
     """The deployment's board, created where there is none (``options``: lifetime, placement)."""
     return (
         ray.remote(Board)
-        .options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, **options)
+        .options(
+            name=BOARD_NAME,
+            namespace=NAMESPACE,
+            get_if_exists=True,
+            num_cpus=0,
+            enable_task_events=TASK_EVENTS,
+            **options,
+        )
         .remote()
     )
 
@@ -231,7 +246,15 @@ class RayCluster:
         head = {"scheduling_strategy": on_node(nodes[0])} if nodes else {}
         manager = (
             ray.remote(ManagerActor)
-            .options(name=MANAGER_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, **life, **head)
+            .options(
+                name=MANAGER_NAME,
+                namespace=NAMESPACE,
+                get_if_exists=True,
+                num_cpus=0,
+                enable_task_events=TASK_EVENTS,
+                **life,
+                **head,
+            )
             .remote(16, time.time())
         )
         board = _board(ray, **life, **head)
@@ -250,6 +273,7 @@ class RayCluster:
                 num_cpus=0,
                 num_gpus=want.gpus_per_replica,
                 max_concurrency=cfg.max_queue if want.batching else 4,
+                enable_task_events=TASK_EVENTS,
                 runtime_env={"env_vars": REPLICA_ENV},
                 **life,
                 **place,
@@ -326,7 +350,8 @@ class RayCluster:
 
         ray = self.ray
         opts = {"name": MANAGER_NAME, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached"}
-        self._manager = ray.remote(ManagerActor).options(num_cpus=0, **opts).remote(16, time.time())
+        opts |= {"num_cpus": 0, "enable_task_events": TASK_EVENTS}
+        self._manager = ray.remote(ManagerActor).options(**opts).remote(16, time.time())
         snapshot_dir = self.shared(SNAPSHOT_KEY)
         if snapshot_dir:
             manager = self._manager
