@@ -95,15 +95,17 @@ def bench_submit(
     command: Sequence[str],
     submits: int = 5,
     warmup: int = 1,
-    run: Runner = _run,
+    run: Runner | None = None,
     clock: Callable[[], float] = time.perf_counter,
     say: Callable[[str], None] = lambda _m: None,
 ) -> SubmitReport:
-    """Run ``command`` (a ``graphflow submit … --json``) ``warmup + submits`` times in a row."""
+    """Run ``command`` (a ``graphflow submit … --json``) ``warmup + submits`` times in a row
+    (``run``: how a command runs; a subprocess unless given)."""
     if submits < 1:
         raise ValueError(f"submits must be 1 or more, got {submits}")
     if warmup < 0:
         raise ValueError(f"warmup must be 0 or more, got {warmup}")
+    run = run or _run
     rows = []
     for i in range(warmup + submits):
         start = clock()

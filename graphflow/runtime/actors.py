@@ -58,7 +58,8 @@ REPLICA_ENV = {
 }
 # NOTE: Ray records every call on an actor (a task event) in the GCS until its cap of task events:
 # a workflow makes several calls per node on the replicas and the manager, and the head's GCS
-# grew 0.42 MiB per `graphflow submit` with them recorded, 0.21 without (20 submits, README). Nothing reads them on the head `serve` starts (no dashboard, so no state API);
+# grew 0.42 MiB per `graphflow submit` with them recorded, 0.21 without (20 submits, README).
+# Nothing reads them on the head `serve` starts (no dashboard, so no state API);
 # GRAPHFLOW_RAY_TASK_EVENTS=1 in the environment of `serve` records them, for a Ray cluster whose
 # dashboard (`ray list tasks`) should show these actors' calls.
 TASK_EVENTS = os.environ.get("GRAPHFLOW_RAY_TASK_EVENTS", "") == "1"

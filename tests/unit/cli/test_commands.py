@@ -63,3 +63,29 @@ def test_generate_compiles_with_the_chosen_templates():
     assert got["templates"] == "detailed" and all(n["template_chars"] > 800 for n in got["nodes"])
     bad = runner.invoke(app, ["generate", "--task", "Add 2 and 3.", "--templates", "long"])
     assert bad.exit_code != 0 and "unknown template set 'long'" in bad.output
+
+
+def test_bench_submit_prints_each_submit_and_the_medians(monkeypatch, tmp_path):
+    import graphflow.bench.submit as bench
+
+    seen: list[list[str]] = []
+
+    def submit(command):  # NOTE: stands in for the submit process (no deployment here)
+        seen.append(command)
+        return 0, json.dumps({"runs": [{"task": "t", "final": "42"}], "wall_s": 0.0}) + "\n", ""
+
+    monkeypatch.setattr(bench, "_run", submit)
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("Add 2 and 3.\n")
+    shown = runner.invoke(app, ["bench", "submit", "--address", "ray://h:10001", "--tasks-file", str(tasks)])
+    assert shown.exit_code == 0, shown.output
+    assert len(seen) == 6 and seen[0][3:7] == ["submit", "--address", "ray://h:10001", "--tasks-file"]
+    said = " ".join(shown.output.split())
+    assert "median of 5:" in said and "the same outputs every time" in said
+    got = runner.invoke(
+        app, ["bench", "submit", "--address", "ray://h:10001", "--task", "x", "--submits", "2", "--json"]
+    )
+    report = json.loads(got.output.strip().splitlines()[-1])
+    assert got.exit_code == 0 and len(report["rows"]) == 3 and report["same_outputs"] is True
+    nothing = runner.invoke(app, ["bench", "submit", "--address", "ray://h:10001"])
+    assert nothing.exit_code == 2 and "nothing to run" in nothing.output
