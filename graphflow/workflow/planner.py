@@ -44,8 +44,11 @@ class Planner:
         return self.g.to_workflow(nodes, edges)
 
     def save(self, path: str | Path) -> None:
+        """Write the checkpoint whole, then put it in place (``os.replace``): a replica that loads
+        ``path`` meanwhile (:class:`CheckpointPlanner`) reads the old file or the new one."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f".{path.name}.{os.getpid()}.part")
         torch.save(
             {
                 "state_dict": self.model.state_dict(),
@@ -56,8 +59,9 @@ class Planner:
                 "output_counts": list(self.g.output_counts),
                 "source_counts": list(self.g.source_counts),
             },
-            path,
+            part,
         )
+        os.replace(part, path)
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CHECKPOINT) -> Planner:

@@ -217,3 +217,11 @@ def test_a_checkpoint_planner_loads_once_and_again_after_the_file_changes(tmp_pa
     assert planner.generate(task) == other.generate(task) and planner.loads == 2
     with pytest.raises(ValueError, match="the task is empty"):
         planner.generate(" ")
+
+
+def test_saving_over_a_checkpoint_leaves_only_the_new_one(tmp_path):
+    path = tmp_path / "generator.pt"
+    path.write_bytes(b"an older checkpoint")
+    Planner.load().save(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["generator.pt"]  # no part file left beside it
+    assert Planner.load(path).generate("Add 2 and 3.") == Planner.load().generate("Add 2 and 3.")
