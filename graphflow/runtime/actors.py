@@ -86,20 +86,31 @@ def named_actor(ray: Any, name: str, cls: type) -> Any:
     return handle
 
 
-def _board(ray: Any, **options: Any) -> Any:
-    """The deployment's board, created where there is none (``options``: lifetime, placement)."""
+def _head_actor(ray: Any, cls: type, name: str, *args: Any, **options: Any) -> Any:
+    """The deployment's named actor ``name`` of ``cls`` (created with ``args`` where there is
+    none; ``options``: lifetime, placement): no CPU of its own, no task events (see above)."""
     return (
-        ray.remote(Board)
+        ray.remote(cls)
         .options(
-            name=BOARD_NAME,
+            name=name,
             namespace=NAMESPACE,
             get_if_exists=True,
             num_cpus=0,
             enable_task_events=TASK_EVENTS,
             **options,
         )
-        .remote()
+        .remote(*args)
     )
+
+
+def _board(ray: Any, **options: Any) -> Any:
+    """The deployment's board, created where there is none (``options``: lifetime, placement)."""
+    return _head_actor(ray, Board, BOARD_NAME, **options)
+
+
+def _manager(ray: Any, **options: Any) -> Any:
+    """The deployment's KV manager, created (empty) where there is none (``options`` as above)."""
+    return _head_actor(ray, ManagerActor, MANAGER_NAME, 16, time.time(), **options)
 
 
 def _live_replicas(ray: Any, manager: Any) -> tuple[dict[str, Any], list[str]]:
@@ -244,19 +255,7 @@ class RayCluster:
             raise ValueError(short)
         threads = replica_threads(want, node_resource(ray, alive, "CPU"))
         head = {"scheduling_strategy": on_node(nodes[0])} if nodes else {}
-        manager = (
-            ray.remote(ManagerActor)
-            .options(
-                name=MANAGER_NAME,
-                namespace=NAMESPACE,
-                get_if_exists=True,
-                num_cpus=0,
-                enable_task_events=TASK_EVENTS,
-                **life,
-                **head,
-            )
-            .remote(16, time.time())
-        )
+        manager = _manager(ray, **life, **head)
         board = _board(ray, **life, **head)
         _live_replicas(ray, manager)  # a replica that died is started afresh below, with an empty store
         names = [replica_name(i) for i in range(want.replicas)]
@@ -349,9 +348,7 @@ class RayCluster:
         from ray.exceptions import RayActorError
 
         ray = self.ray
-        opts = {"name": MANAGER_NAME, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached"}
-        opts |= {"num_cpus": 0, "enable_task_events": TASK_EVENTS}
-        self._manager = ray.remote(ManagerActor).options(**opts).remote(16, time.time())
+        self._manager = _manager(ray, lifetime="detached")
         snapshot_dir = self.shared(SNAPSHOT_KEY)
         if snapshot_dir:
             manager = self._manager

@@ -58,4 +58,4 @@ class ManagerActor(KVStateManager):
         gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]  # NOTE: set when connected
         calls, stop = _CallsOnItself(), threading.Event()  # NOTE: never set: the threads end with the actor
         watch_owners(calls, lambda jobs: gone_jobs(gcs, jobs), stop)
-        every(lambda: FORGET_CHECK_S, calls.forget_ended, stop, "forget the records of ended runs")
+        every(FORGET_CHECK_S, calls.forget_ended, stop, "forget the records of ended runs")

@@ -66,4 +66,4 @@ def watch_owners(
     """A daemon thread that calls :func:`end_gone_owners` every :data:`OWNER_CHECK_S` until
     ``stop`` is set. A lookup that fails is logged once and retried at the next check; until one
     succeeds the runs stay as they are (protected, recorded), as they were before this existed."""
-    return every(lambda: OWNER_CHECK_S, lambda: end_gone_owners(replica, gone), stop, WATCH)
+    return every(OWNER_CHECK_S, lambda: end_gone_owners(replica, gone), stop, WATCH)

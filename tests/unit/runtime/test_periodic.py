@@ -21,7 +21,7 @@ def test_steps_repeat_until_stopped_and_a_failure_is_logged_once(caplog: pytest.
             raise OSError("disk full")
 
     with caplog.at_level(logging.WARNING, logger="graphflow"):
-        thread = every(lambda: 0.01, step, stop, "tidy up")
+        thread = every(0.01, step, stop, "tidy up")
         thread.join(5.0)
     assert not thread.is_alive() and thread.daemon and thread.name == "graphflow-tidy-up"
     assert calls == [0, 1, 2, 3]  # a failing step does not stop the next ones
