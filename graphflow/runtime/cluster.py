@@ -78,6 +78,11 @@ def connect(address: str, namespace: str = "graphflow") -> Any:
         except ConnectionError as exc:
             ray.shutdown()
             lost_server = "Initialization failure from server" in str(exc)
+            if address == "auto" and "Could not find any running Ray instance" in str(exc):
+                raise ConnectionError(
+                    "no Ray head runs on this machine; start a deployment with `graphflow serve`, or pass "
+                    "--address for one elsewhere"
+                ) from None
             if lost_server and attempt < attempts:
                 time.sleep(2.0 * attempt)
                 continue

@@ -95,12 +95,12 @@ class Refusing:
         pass
 
 
-def _refused(monkeypatch, error: str) -> tuple[Refusing, str]:
+def _refused(monkeypatch, error: str, address: str = "ray://127.0.0.1:1") -> tuple[Refusing, str]:
     ray = Refusing(error)
     monkeypatch.setattr(cluster, "_ray", lambda: ray)
     monkeypatch.setattr(cluster.time, "sleep", lambda _s: None)
     with pytest.raises(ConnectionError) as refused:
-        cluster.connect("ray://127.0.0.1:1")  # NOTE: nothing listens there; the reachability check is skipped
+        cluster.connect(address)  # NOTE: nothing listens at port 1; the reachability check is skipped
     return ray, str(refused.value)
 
 
@@ -114,3 +114,8 @@ def test_a_refused_token_is_tried_once_and_explained(monkeypatch):
     monkeypatch.setattr(cluster, "_check_reachable", lambda _a: None)
     ray, said = _refused(monkeypatch, "Authentication failed")
     assert ray.inits == 1 and "RAY_AUTH_MODE=token" in said and "GRPC" not in said
+
+
+def test_no_head_on_this_machine_says_to_serve_without_rays_wording(monkeypatch):
+    ray, said = _refused(monkeypatch, "Could not find any running Ray instance. Please specify …", address="auto")
+    assert ray.inits == 1 and "graphflow serve" in said and "--address" in said and "token" not in said
