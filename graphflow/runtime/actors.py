@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphflow.kv.events import TemplateEvent
-from graphflow.runtime.actor_names import BOARD_NAME, MANAGER_NAME, NAMESPACE, STATUS_GROUP
+from graphflow.runtime.actor_names import BOARD_NAME, CLIENT_GROUP, MANAGER_NAME, NAMESPACE, STATUS_GROUP
 from graphflow.runtime.deployment import TRANSPORTS, Deployment, gpu_shortfall, replica_threads
 from graphflow.runtime.errors import Unavailable, load_or_why
 from graphflow.runtime.manager_actor import ManagerActor
@@ -265,7 +265,7 @@ class RayCluster:
             cfg = _replica_config(want, name, timeout_s, eviction, threads[i])
             # NOTE: with the engine loop, the actor's threads only wait on it (its queue bounds them);
             # without it, each thread runs a forward of its own on the same cores
-            actor = ray.remote(concurrency_groups={STATUS_GROUP: 2})(ReplicaActor).options(
+            actor = ray.remote(concurrency_groups={STATUS_GROUP: 2, CLIENT_GROUP: 2})(ReplicaActor).options(
                 name=name,
                 namespace=NAMESPACE,
                 get_if_exists=True,

@@ -17,11 +17,11 @@ from typing import Any
 
 import ray
 
-from graphflow.runtime.actor_names import STATUS_GROUP
+from graphflow.runtime.actor_names import CLIENT_GROUP, STATUS_GROUP
 from graphflow.runtime.owners import gone_jobs, watch_owners
 from graphflow.runtime.replica_config import ReplicaConfig
 
-__all__ = ["STATUS_METHODS", "WORKER_METHODS", "ReplicaActor"]
+__all__ = ["CLIENT_METHODS", "STATUS_METHODS", "WORKER_METHODS", "ReplicaActor"]
 
 # ReplicaWorker's public methods, each forwarded by the actor (a unit test keeps this list equal to
 # the class's); those on the status group are never queued behind other runs' node calls
@@ -52,13 +52,17 @@ WORKER_METHODS = (
     "template_holdings",
 )
 STATUS_METHODS = ("queue_length", "stats", "end_run", "cancel_receive")  # cancel: the node it frees holds a thread
+# a client's own calls (its attach, its task's tokens and plan, operation texts, decoded outputs) on the
+# client group: a new client's first task never waits behind the node calls filling the default group
+CLIENT_METHODS = ("decode_text", "encode", "kv_bytes_per_token", "max_positions", "model_key", "plan")
 
 
 class ReplicaActor:
     """The Ray actor of a replica: a ``ReplicaWorker`` that knows its Ray node and stops
     protecting states for the runs of clients that are gone (``runtime.manager_actor`` ends
     those runs at the manager); its cheap calls (queue length, stats) run on the ``status``
-    concurrency group, never behind its nodes."""
+    concurrency group and a client's own calls (encode, plan, decode text) on the ``client`` group,
+    never behind its nodes."""
 
     def __init__(self, config: ReplicaConfig) -> None:
         from graphflow.runtime.replica import ReplicaWorker  # NOTE: torch and the engine, in the actor only
@@ -88,3 +92,5 @@ for _name in WORKER_METHODS:
         setattr(ReplicaActor, _name, _forward(_name))
 for _name in STATUS_METHODS:
     setattr(ReplicaActor, _name, ray.method(concurrency_group=STATUS_GROUP)(_forward(_name)))
+for _name in CLIENT_METHODS:
+    setattr(ReplicaActor, _name, ray.method(concurrency_group=CLIENT_GROUP)(_forward(_name)))

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import inspect
 
-from graphflow.runtime.actor_names import STATUS_GROUP
+from graphflow.runtime.actor_names import CLIENT_GROUP, STATUS_GROUP
 from graphflow.runtime.replica import ReplicaWorker
-from graphflow.runtime.replica_actor import STATUS_METHODS, WORKER_METHODS, ReplicaActor
+from graphflow.runtime.replica_actor import CLIENT_METHODS, STATUS_METHODS, WORKER_METHODS, ReplicaActor
 
 
 def _public(cls: type) -> set[str]:
@@ -24,6 +24,14 @@ def test_cheap_calls_run_on_the_status_group() -> None:
     groups = {n: getattr(getattr(ReplicaActor, n), "__ray_concurrency_group__", None) for n in _public(ReplicaActor)}
     assert {n for n, g in groups.items() if g == STATUS_GROUP} == set(STATUS_METHODS)
     assert {"queue_length", "stats", "end_run"} <= set(STATUS_METHODS)
+
+
+def test_a_clients_own_calls_run_on_the_client_group_and_node_work_does_not() -> None:
+    groups = {n: getattr(getattr(ReplicaActor, n), "__ray_concurrency_group__", None) for n in _public(ReplicaActor)}
+    assert {n for n, g in groups.items() if g == CLIENT_GROUP} == set(CLIENT_METHODS)
+    assert set(CLIENT_METHODS) <= set(WORKER_METHODS)
+    assert {"encode", "plan", "decode_text"} <= set(CLIENT_METHODS)
+    assert groups["run_node"] is None and groups["send_blocks"] is None  # the default group, bounded by the queue
 
 
 class _Worker:
