@@ -77,6 +77,8 @@ def _run(command: list[str]) -> tuple[int, str, str]:
 
 def _parsed(index: int, rc: int, stdout: str, stderr: str) -> tuple[float, tuple[str, ...]]:
     """(the submit's own wall_s, each task's final output) from its ``--json`` line."""
+    if rc == 1 and (refused := _refusal(stdout)):  # NOTE: 1: a task of the file refused, its sentence in the JSON
+        raise RuntimeError(f"submit {index + 1}: the deployment refused a task: {refused}")
     if rc != 0:
         at = stderr.rfind("error:")  # NOTE: the command's one sentence, which its console may have wrapped
         why = " ".join(stderr[at + len("error:") :].split()) if at >= 0 else " ".join(stderr.split()[-30:])
@@ -88,7 +90,16 @@ def _parsed(index: int, rc: int, stdout: str, stderr: str) -> tuple[float, tuple
     except (IndexError, json.JSONDecodeError) as exc:
         raise RuntimeError(f"submit {index + 1} printed no JSON object as its last line") from exc
     runs = got.get("runs", [got])
-    return float(got["wall_s"]), tuple(str(r.get("final", f"refused: {r.get('error', '')}")) for r in runs)
+    return float(got["wall_s"]), tuple(str(r["final"]) for r in runs)  # NOTE: exit 0: every task ran
+
+
+def _refusal(stdout: str) -> str:
+    """The first refused task's sentence in a submit's ``--json`` line ("" when there is none)."""
+    try:
+        got = json.loads(stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return ""
+    return next((str(r["error"]) for r in got.get("runs", []) if r.get("error")), "") if isinstance(got, dict) else ""
 
 
 def bench_submit(

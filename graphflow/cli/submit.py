@@ -46,7 +46,8 @@ def submit(
         None,
         "--tasks-file",
         help="A file of tasks, one per line (blank lines skipped), run through one client with --concurrency "
-        "workflows in flight; a task the deployment refuses gets its error and the others go on.",
+        "workflows in flight; a task the deployment refuses gets its error and the others go on (the "
+        "command then exits 1).",
     ),
     concurrency: int = typer.Option(4, help="Workflows in flight at once with --tasks-file."),
     model: str = typer.Option("", help="Model the task is meant for ('' = whatever is served)."),
@@ -93,6 +94,7 @@ def submit(
             for o in outcomes
         ]
         emit({"runs": runs, "wall_s": wall, "tasks_per_s": ran / wall, "concurrency": concurrency})
+        _exit_if_refused(ran, len(tasks))
         return
     table = folding_table("#", "task", "nodes", "s", "first token s", "bytes moved", "output", title="tasks")
     for o in outcomes:
@@ -114,6 +116,14 @@ def submit(
     out.print(
         f"{ran} of {_count(len(tasks), 'task')} ran in {wall:.1f} s: {ran / wall:.2f} tasks/s, {concurrency} in flight"
     )
+    _exit_if_refused(ran, len(tasks))
+
+
+def _exit_if_refused(ran: int, tasks: int) -> None:
+    """Exit 1 when the deployment refused any task of a file (each said why), so a script sees it."""
+    if ran < tasks:
+        say(f"{tasks - ran} of {_count(tasks, 'task')} refused")
+        raise typer.Exit(1)
 
 
 def _preview(text: str, chars: int = 48) -> str:

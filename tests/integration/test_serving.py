@@ -113,7 +113,9 @@ def test_serve_submit_status_shutdown(tmp_path):
             "--decode",
             "2",
             "--json",
+            check=False,
         )
+        assert many.returncode == 1  # a refused task: every outcome printed, then exit 1
         runs = _last_json(many)["runs"]
         assert [bool(r.get("error")) for r in runs] == [False, False, True, False], runs
         assert runs[2]["error"].startswith("the context needs") and "accepts at most" in runs[2]["error"]
@@ -121,6 +123,7 @@ def test_serve_submit_status_shutdown(tmp_path):
         assert runs[0]["task"] == task.strip() and _last_json(many)["tasks_per_s"] > 0
         said = " ".join(many.stderr.split())
         assert "running 4 workflows on 2 replicas" in said and "(4 of 4 done)" in said, said
+        assert "1 of 4 tasks refused" in said, said
         wrong = _cli(
             "submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--model", "smollm2-135m", check=False
         )

@@ -44,13 +44,16 @@ def test_medians_leave_the_warm_up_out_and_split_each_submit():
     assert report.same_outputs and subs.commands == [["graphflow", "submit"]] * 4
 
 
-def test_a_different_output_or_a_refused_task_is_seen():
+def test_a_different_output_is_seen_and_a_refused_task_stops_the_bench_with_its_sentence():
     one = json.dumps({"final": "x", "wall_s": 1.0})  # a --task submit prints one run
-    refused = json.dumps({"runs": [{"task": "t", "error": "too long"}], "wall_s": 1.0})
-    subs = _Submits([(0, one), (0, json.dumps({"final": "y", "wall_s": 1.0})), (0, refused)], [2.0, 2.0, 2.0])
-    report = bench_submit(["c"], submits=3, warmup=0, run=subs.run, clock=subs.clock)
+    subs = _Submits([(0, one), (0, json.dumps({"final": "y", "wall_s": 1.0}))], [2.0, 2.0])
+    report = bench_submit(["c"], submits=2, warmup=0, run=subs.run, clock=subs.clock)
     assert not report.same_outputs
-    assert [r.finals for r in report.rows] == [("x",), ("y",), ("refused: too long",)]
+    assert [r.finals for r in report.rows] == [("x",), ("y",)]
+    refused = json.dumps({"runs": [{"task": "t", "final": "x"}, {"task": "u", "error": "too long"}], "wall_s": 1.0})
+    subs = _Submits([(0, _many(1.0, "x", "y")), (1, refused)], [2.0, 2.0])  # NOTE: exit 1: a task of the file refused
+    with pytest.raises(RuntimeError, match="^submit 2: the deployment refused a task: too long$"):
+        bench_submit(["c"], submits=2, warmup=0, run=subs.run, clock=subs.clock)
 
 
 def test_a_failed_submit_stops_the_bench_with_its_last_line():

@@ -100,3 +100,37 @@ def test_the_manager_line_says_what_it_holds_and_how_its_runs_stand():
         "last snapshot 0.013 s"
     )
     assert manager_line(ManagerStats()).endswith("; no snapshot yet")
+
+
+def test_a_tasks_file_with_a_refused_task_prints_every_outcome_and_exits_1(tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    import graphflow.client
+    from graphflow.cli import app
+    from graphflow.client import TaskOutcome
+
+    class Cluster:
+        replicas = ["r0", "r1"]
+
+    class Client:
+        cluster = Cluster()
+
+        def served_model(self, wanted: str = "") -> str:
+            return "tiny-llama"
+
+        def run_many(self, tasks, concurrency, reuse=True, on_task=None):
+            outcomes = [TaskOutcome(i, t, None, error=f"refused {t}", seconds=0.1) for i, t in enumerate(tasks)]
+            for o in outcomes:
+                on_task(o)
+            return outcomes
+
+    monkeypatch.setattr(graphflow.client, "connect", lambda *_a, **_k: Client())
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("one\ntwo\n")
+    got = CliRunner().invoke(app, ["submit", "--address", "ray://h:10001", "--tasks-file", str(tasks), "--json"])
+    assert got.exit_code == 1, got.output
+    shown = json.loads(got.stdout.strip().splitlines()[-1])
+    assert [r["error"] for r in shown["runs"]] == ["refused one", "refused two"]
+    assert "2 of 2 tasks refused" in got.stderr
