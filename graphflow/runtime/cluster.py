@@ -7,6 +7,7 @@ for everything we start and explain it when a connection is refused.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -61,12 +62,33 @@ def start_local(num_cpus: int | None = None, namespace: str = "graphflow") -> An
     return ray
 
 
+# NOTE: what Ray prints into every client's stderr that says nothing to a user: the client builder's
+# note that it forwards ray.init's arguments, the client server's own init, run off its main thread,
+# saying it set no SIGTERM handler (streamed back through the client's log channel), and a driver's two
+# lines on connecting (the command has said where it connects)
+_CLIENT_NOISE = (
+    "Passing the following kwargs to ray.init() on the server",
+    "SIGTERM handler is not set",
+    "Connecting to existing Ray cluster at address",
+)
+_CLIENT_NOISE_WHOLE = ("Connected to Ray cluster.",)  # NOTE: not with a dashboard's address after it
+_NOISY_LOGGERS = ("ray.client_builder", "ray.util.client.logsclient", "ray._private.worker")
+
+
+def _quiet(record: logging.LogRecord) -> bool:
+    said = record.getMessage()
+    return said not in _CLIENT_NOISE_WHOLE and not any(noise in said for noise in _CLIENT_NOISE)
+
+
 def connect(address: str, namespace: str = "graphflow") -> Any:
     """Connect to an existing cluster (``auto``, ``host:port`` or ``ray://host:10001``)."""
     ray = _ray()
     if ray.is_initialized():
         return ray
     _check_reachable(address)
+    for name in _NOISY_LOGGERS:
+        if _quiet not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_quiet)
     # NOTE: Ray's client proxy sometimes fails to start the per-client server it needs
     # ("Initialization failure from server"; a head started without HEAD_ENV, Ray issue #63202);
     # that is transient, so ray:// connects are tried three times

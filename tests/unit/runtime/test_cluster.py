@@ -119,3 +119,23 @@ def test_a_refused_token_is_tried_once_and_explained(monkeypatch):
 def test_no_head_on_this_machine_says_to_serve_without_rays_wording(monkeypatch):
     ray, said = _refused(monkeypatch, "Could not find any running Ray instance. Please specify …", address="auto")
     assert ray.inits == 1 and "graphflow serve" in said and "--address" in said and "token" not in said
+
+
+def test_a_client_connect_drops_rays_two_notes_to_nobody_and_keeps_the_rest(monkeypatch):
+    import logging
+
+    monkeypatch.setattr(cluster, "_check_reachable", lambda _a: None)
+    _refused(monkeypatch, "Authentication failed")  # NOTE: the filters go on before Ray is asked
+    streamed, builder = logging.getLogger("ray.util.client.logsclient"), logging.getLogger("ray.client_builder")
+    kept = []
+    for logger in (streamed, builder):
+        monkeypatch.setattr(logger, "callHandlers", lambda record: kept.append(record.getMessage()))
+        monkeypatch.setattr(logger, "level", logging.DEBUG)
+    streamed.warning("SIGTERM handler is not set because current thread is not the main thread.")
+    streamed.error("worker died")
+    builder.info("Passing the following kwargs to ray.init() on the server: x")
+    builder.info("Connecting")
+    builder.info("Connected to Ray cluster.")
+    builder.info("Connected to Ray cluster. View the dashboard at http://h:8265")
+    assert kept == ["worker died", "Connecting", "Connected to Ray cluster. View the dashboard at http://h:8265"]
+    assert builder.filters == streamed.filters == logging.getLogger("ray._private.worker").filters == [cluster._quiet]
