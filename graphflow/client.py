@@ -223,9 +223,11 @@ class Client:
         concurrency: int = 4,
         reuse: bool = True,
         on_task: Callable[[TaskOutcome], None] | None = None,
+        workflow: Workflow | None = None,
     ) -> list[TaskOutcome]:
         """Run ``tasks`` through this client, ``concurrency`` workflows in flight at once (the
-        replicas' engine loops batch their nodes); one outcome per task, in order. A task the
+        replicas' engine loops batch their nodes), each through ``workflow`` where given (else the
+        one a replica plans for it); one outcome per task, in order. A task the
         deployment refuses (``ValueError``: longer than the model accepts, …) gets its error and
         the others go on; an empty task refuses the whole call before anything runs. ``on_task``
         is called as each one ends (progress)."""
@@ -237,7 +239,8 @@ class Client:
         def one(i: int, task: str) -> TaskOutcome:
             start = time.perf_counter()
             try:
-                done = TaskOutcome(i, task, self.run(task, reuse=reuse), seconds=time.perf_counter() - start)
+                ran = self.run(task, workflow, reuse=reuse)
+                done = TaskOutcome(i, task, ran, seconds=time.perf_counter() - start)
             except ValueError as exc:  # NOTE: a Ray task error wrapping a ValueError is one too
                 done = TaskOutcome(i, task, None, error_message(exc), time.perf_counter() - start)
             if on_task is not None:

@@ -18,8 +18,18 @@ from graphflow.cli._common import emit, folding_table, out, say, trace_table, us
 if TYPE_CHECKING:
     from graphflow.kv.events import ManagerStats
     from graphflow.runtime.stats import ReplicaStats
+    from graphflow.workflow.corpus import Workflow
 
-__all__ = ["attach", "manager_line", "result_json", "status", "status_tables", "submit", "submitted_tasks"]
+__all__ = [
+    "attach",
+    "manager_line",
+    "result_json",
+    "status",
+    "status_tables",
+    "submit",
+    "submitted_tasks",
+    "submitted_workflow",
+]
 
 
 def result_json(result: Any) -> dict[str, Any]:
@@ -50,6 +60,12 @@ def submit(
         "command then exits 1).",
     ),
     concurrency: int = typer.Option(4, help="Workflows in flight at once with --tasks-file."),
+    workflow_file: Path | None = typer.Option(
+        None,
+        "--workflow",
+        help="Run every task through this workflow (YAML, one workflow: what `graphflow generate --out` "
+        "writes) instead of the one a replica plans for it.",
+    ),
     model: str = typer.Option("", help="Model the task is meant for ('' = whatever is served)."),
     decode: int = typer.Option(16, help="Tokens each node generates after its first (decode steps)."),
     no_reuse: bool = typer.Option(False, "--no-reuse", help="Turn every KV reuse and transfer off."),
@@ -61,14 +77,20 @@ def submit(
     """Submit a task (or a file of tasks) to a running deployment; prints the output and the
     per-node trace (for a file: one line per task and the tasks per second)."""
     tasks = submitted_tasks(task, tasks_file, concurrency)  # NOTE: before the seconds of imports and attaching
+    workflow = submitted_workflow(workflow_file) if workflow_file is not None else None
     from graphflow.client import connect
+    from graphflow.workflow.compile import compile_workflow
 
     say(f"connecting to the deployment at {address}")
     client = connect(address, decode_steps=decode, recalibrate=recalibrate)
     client.served_model(model)
+    if workflow is not None:
+        compile_workflow(workflow, client.templates)  # NOTE: an operation the deployment has no template for
     say(f"running {_count(len(tasks), 'workflow')} on {len(client.cluster.replicas)} replicas")
     if tasks_file is None:
-        result = client.run(task, reuse=not no_reuse, on_node=lambda t: say(f"{t.node}: {t.decision} on {t.replica}"))
+        result = client.run(
+            task, workflow, reuse=not no_reuse, on_node=lambda t: say(f"{t.node}: {t.decision} on {t.replica}")
+        )
         if json_out:
             emit(result_json(result))
         else:
@@ -80,6 +102,7 @@ def submit(
     outcomes = client.run_many(
         tasks,
         concurrency,
+        workflow=workflow,
         reuse=not no_reuse,
         on_task=lambda o: say(
             f"task {o.index + 1} ({next(finished)} of {len(tasks)} done): "
@@ -133,6 +156,19 @@ def _preview(text: str, chars: int = 48) -> str:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def submitted_workflow(path: Path) -> Workflow:
+    """The one workflow of a ``--workflow`` file, checked before anything connects."""
+    from graphflow.workflow.corpus import load_yaml_workflows
+
+    try:
+        found = load_yaml_workflows(path)
+    except OSError as exc:
+        raise ValueError(f"cannot read --workflow {path}: {exc.strerror}") from None
+    if len(found) != 1:
+        raise ValueError(f"--workflow {path} holds {len(found)} workflows; give a file of exactly one")
+    return found[0]
 
 
 def submitted_tasks(task: str, tasks_file: Path | None, concurrency: int) -> list[str]:

@@ -93,17 +93,25 @@ def generate(
     task: str = typer.Option(..., help="The task's text."),
     checkpoint: Path = typer.Option(None, help="Generator checkpoint (default: the packaged one)."),
     templates: str = typer.Option("short", help="Operation templates to compile with: short or detailed."),
+    out_path: Path | None = typer.Option(
+        None, "--out", help="Write the workflow as YAML there (what `graphflow submit --workflow` runs)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Generate a workflow for a task and compile it to the stateful execution graph."""
     from graphflow.workflow.compile import compile_workflow
+    from graphflow.workflow.corpus import workflows_yaml
     from graphflow.workflow.planner import DEFAULT_CHECKPOINT, Planner
 
     planner = Planner.load(checkpoint or DEFAULT_CHECKPOINT)
     wf = planner.generate(task)
     gs = compile_workflow(wf, templates)
+    if out_path is not None:
+        out_path.write_text(workflows_yaml([wf]))
+        say(f"wrote the workflow to {out_path}")
     result = {
         "templates": templates,
+        "workflow_file": str(out_path) if out_path is not None else None,
         "nodes": [
             {
                 "id": n.id,

@@ -41,6 +41,7 @@ __all__ = [
     "load_corpus",
     "load_yaml_workflows",
     "references",
+    "workflows_yaml",
 ]
 
 _ROLE_MAP = {
@@ -204,11 +205,15 @@ def load_corpus(path: str | Path | None = None) -> list[Workflow]:
 
 
 def load_yaml_workflows(path: str | Path) -> list[Workflow]:
-    """User workflows from YAML: a list of ``{name, benchmark, nodes: [{id, operator, role}],
-    edges: [[src, dst]], outputs: [...]}``; ``role`` may be a functional or an AFlow role."""
+    """User workflows from YAML: a list of ``{name, benchmark, nodes: [{id, operator, role,
+    loop_iters}], edges: [[src, dst]], outputs: [...], score, failed}`` (only ``nodes`` and each
+    node's ``id`` and ``operator`` required); ``role`` may be a functional or an AFlow role."""
     import yaml
 
-    items = yaml.safe_load(Path(path).read_text())
+    try:
+        items = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML ({' '.join(str(exc).split())})") from None
     if not isinstance(items, list):
         raise ValueError(f"{path}: expected a list of workflows at the top level")
     out = []
@@ -231,6 +236,7 @@ def load_yaml_workflows(path: str | Path) -> list[Workflow]:
                     edges=tuple((str(s), str(d)) for s, d in w.get("edges", [])),
                     outputs=tuple(str(o) for o in w.get("outputs", [nodes[-1].id])),
                     score=w.get("score"),
+                    failed=bool(w.get("failed", False)),
                 )
             )
         except (KeyError, TypeError) as exc:
@@ -238,6 +244,28 @@ def load_yaml_workflows(path: str | Path) -> list[Workflow]:
                 f"{path}: workflow {i} is malformed ({exc}); see load_yaml_workflows for the format"
             ) from None
     return out
+
+
+def workflows_yaml(workflows: Iterable[Workflow]) -> str:
+    """``workflows`` in the YAML that :func:`load_yaml_workflows` reads back (roles written as
+    functional roles), for a user to keep, edit and submit."""
+    import yaml
+
+    items = [
+        {
+            "name": w.name,
+            "benchmark": w.benchmark,
+            "nodes": [
+                {"id": n.id, "operator": n.operator, "role": n.role, "loop_iters": n.loop_iters} for n in w.nodes
+            ],
+            "edges": [list(e) for e in w.edges],
+            "outputs": list(w.outputs),
+            **({"score": w.score} if w.score is not None else {}),
+            **({"failed": True} if w.failed else {}),
+        }
+        for w in workflows
+    ]
+    return str(yaml.safe_dump(items, sort_keys=False))
 
 
 def references(workflows: Iterable[Workflow]) -> dict[str, Workflow]:

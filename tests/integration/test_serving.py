@@ -99,6 +99,17 @@ def test_serve_submit_status_shutdown(tmp_path):
         assert "connecting to the deployment" in said and all(
             f"{t['node']}: {t['decision']} on {t['replica']}" in said for t in result["trace"] if t["node"] != "ROOT"
         ), said
+        # the user's own workflow (a chain of two, then a format), written as `generate --out` writes it
+        mine = tmp_path / "mine.yaml"
+        mine.write_text(
+            "- name: mine\n  nodes: [{id: s, operator: Custom, role: SOLVE}, {id: r, operator: Review},"
+            " {id: f, operator: Format}]\n  edges: [[s, r], [r, f]]\n  outputs: [f]\n"
+        )
+        given = _cli(
+            *("submit", "--address", "ray://127.0.0.1:10001", "--task", task, "--decode", "2"),
+            *("--workflow", str(mine), "--json"),
+        )
+        assert [t["node"] for t in _last_json(given)["trace"]] == ["ROOT", "s", "r", "f"]
         # a file of tasks through one client, two in flight; one too long for the model is refused alone
         tasks = tmp_path / "tasks.txt"
         tasks.write_text(f"{task}\n\nSort 3, 1, 2 and explain the order.\n{'word ' * 9000}\nName three primes.\n")

@@ -90,8 +90,10 @@ class _Runs(Client):
         self.lock = threading.Lock()
         self.in_flight = 0
         self.most = 0
+        self.workflows: list[Any] = []
 
     def run(self, task: str, workflow: Any = None, reuse: bool = True, **_: Any) -> Any:
+        self.workflows.append(workflow)
         with self.lock:
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
@@ -119,6 +121,13 @@ def test_run_many_keeps_order_bounds_concurrency_and_goes_on_past_a_refused_task
     assert outcomes[8].result is not None and outcomes[8].result.final == "LAST"
     assert 1 < client.most <= 3  # never more than asked in flight, and more than one at a time
     assert all(o.seconds >= 0.02 for o in outcomes)
+
+
+def test_run_many_runs_every_task_through_a_given_workflow_or_has_each_planned():
+    client = _Runs()
+    client.run_many(["a", "b"], concurrency=2, workflow="mine")  # type: ignore[arg-type]
+    client.run_many(["c"])
+    assert client.workflows == ["mine", "mine", None]
 
 
 def test_run_many_refuses_bad_input_before_running_anything():

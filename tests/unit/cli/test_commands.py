@@ -89,3 +89,16 @@ def test_bench_submit_prints_each_submit_and_the_medians(monkeypatch, tmp_path):
     assert got.exit_code == 0 and len(report["rows"]) == 3 and report["same_outputs"] is True
     nothing = runner.invoke(app, ["bench", "submit", "--address", "ray://h:10001"])
     assert nothing.exit_code == 2 and "nothing to run" in nothing.output
+
+
+def test_generate_writes_a_workflow_that_submit_can_run(tmp_path):
+    import json
+
+    from graphflow.cli.submit import submitted_workflow
+
+    path = tmp_path / "w.yaml"
+    got = runner.invoke(app, ["generate", "--task", "Add 2 and 3, then check.", "--out", str(path), "--json"])
+    assert got.exit_code == 0, got.output
+    shown = json.loads(got.stdout.strip().splitlines()[-1])
+    wf = submitted_workflow(path)
+    assert shown["workflow_file"] == str(path) and [n["id"] for n in shown["nodes"]] == [n.id for n in wf.nodes]

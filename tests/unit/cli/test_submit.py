@@ -120,7 +120,7 @@ def test_a_tasks_file_with_a_refused_task_prints_every_outcome_and_exits_1(tmp_p
         def served_model(self, wanted: str = "") -> str:
             return "tiny-llama"
 
-        def run_many(self, tasks, concurrency, reuse=True, on_task=None):
+        def run_many(self, tasks, concurrency, reuse=True, on_task=None, workflow=None):
             outcomes = [TaskOutcome(i, t, None, error=f"refused {t}", seconds=0.1) for i, t in enumerate(tasks)]
             for o in outcomes:
                 on_task(o)
@@ -134,3 +134,54 @@ def test_a_tasks_file_with_a_refused_task_prints_every_outcome_and_exits_1(tmp_p
     shown = json.loads(got.stdout.strip().splitlines()[-1])
     assert [r["error"] for r in shown["runs"]] == ["refused one", "refused two"]
     assert "2 of 2 tasks refused" in got.stderr
+
+
+def test_a_workflow_file_is_checked_before_connecting(tmp_path):
+    from typer.testing import CliRunner
+
+    from graphflow.cli import app
+
+    def submit(*args: str) -> tuple[int, str]:
+        # NOTE: nothing answers at this address; a connect would fail with another message
+        got = CliRunner().invoke(app, ["submit", "--address", "ray://127.0.0.1:9", "--task", "Add 2 and 3.", *args])
+        return got.exit_code, " ".join(got.output.split())
+
+    two = tmp_path / "two.yaml"
+    two.write_text("- nodes: [{id: a, operator: Custom}]\n- nodes: [{id: b, operator: Format}]\n")
+    said = f"error: --workflow {two} holds 2 workflows; give a file of exactly one"
+    assert submit("--workflow", str(two)) == (2, said)
+    code, said = submit("--workflow", str(tmp_path / "missing.yaml"))
+    assert code == 2 and "cannot read --workflow" in said and "No such file" in said and "connecting" not in said
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("- nodes: [{id: a, operator: Teleport}]\n")
+    assert submit("--workflow", str(odd))[1].startswith("error: unknown operation 'Teleport'")
+
+
+def test_submit_runs_every_task_of_a_file_through_the_given_workflow(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import graphflow.client
+    from graphflow.cli import app
+    from graphflow.client import TaskOutcome
+
+    given = []
+
+    class Cluster:
+        replicas = ["r0"]
+
+    class Client:
+        cluster, templates = Cluster(), "short"
+
+        def served_model(self, wanted: str = "") -> str:
+            return "tiny-llama"
+
+        def run_many(self, tasks, concurrency, reuse=True, on_task=None, workflow=None):
+            given.append(workflow)
+            return [TaskOutcome(i, t, None, error="stop here") for i, t in enumerate(tasks)]
+
+    monkeypatch.setattr(graphflow.client, "connect", lambda *_a, **_k: Client())
+    (tmp_path / "tasks.txt").write_text("one\n")
+    (tmp_path / "w.yaml").write_text("- name: mine\n  nodes: [{id: a, operator: Custom, role: SOLVE}]\n")
+    args = ["submit", "--address", "ray://h:10001", "--tasks-file", str(tmp_path / "tasks.txt")]
+    assert CliRunner().invoke(app, [*args, "--workflow", str(tmp_path / "w.yaml")]).exit_code == 1
+    assert [w.name for w in given] == ["mine"] and [n.id for n in given[0].nodes] == ["a"]

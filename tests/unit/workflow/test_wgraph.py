@@ -9,6 +9,7 @@ from graphflow.workflow.corpus import (
     load_corpus,
     load_yaml_workflows,
     references,
+    workflows_yaml,
 )
 from graphflow.workflow.wgraph import TASK, WGraph, structure
 
@@ -78,3 +79,13 @@ def test_user_yaml_workflow_extends_the_wgraph(corpus, tmp_path):
     user = load_yaml_workflows(tmp_path / "w.yaml")
     g = WGraph.build(corpus + user)
     assert ("Format", "FORMAT", 1) in g.ops and g.contains(user[0])
+
+
+def test_workflows_written_as_yaml_load_back_equal(corpus, tmp_path):
+    chosen = [w for w in corpus if len(w.nodes) > 2 and any(n.loop_iters > 1 for n in w.nodes)][:1] + corpus[:3]
+    (tmp_path / "w.yaml").write_text(workflows_yaml(chosen))
+    back = load_yaml_workflows(tmp_path / "w.yaml")
+    assert back == chosen and [w.score for w in back] == [w.score for w in chosen]
+    (tmp_path / "bad.yaml").write_text("- nodes: [{id: a\n")
+    with pytest.raises(ValueError, match="bad.yaml is not valid YAML"):
+        load_yaml_workflows(tmp_path / "bad.yaml")
