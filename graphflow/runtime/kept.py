@@ -8,6 +8,7 @@ steps until a node needs it — and a state a ready node needs (steps 0) is neve
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -15,9 +16,10 @@ import numpy as np
 
 from scheduler.eviction import EvictionWeights, eviction_scores
 
-__all__ = ["EVICTION_POLICIES", "KeptStates", "check_policy"]
+__all__ = ["ENDED_RUNS_KEPT", "EVICTION_POLICIES", "KeptStates", "check_policy"]
 
 EVICTION_POLICIES = ("score", "oldest")
+ENDED_RUNS_KEPT = 4096  # ended run ids a replica remembers (a late plan of one of them protects nothing)
 
 
 def check_policy(name: str) -> str:
@@ -43,6 +45,9 @@ class KeptStates:
         self._held: dict[str, _Held] = {}  # oldest first
         self._next_use: dict[str, dict[str, int]] = {}  # run id → state id → steps until a node needs it
         self._owner: dict[str, str] = {}  # run id → the client that runs it ('' = unknown)
+        # NOTE: runs ended lately: a node plan of one that reaches this replica after its end (queued
+        # behind others while its run failed or timed out) must not protect states again, for good
+        self._ended: OrderedDict[str, None] = OrderedDict()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._held)
@@ -69,12 +74,23 @@ class KeptStates:
         """A run's latest view of when its states are needed (empty: the run needs none);
         ``owner`` names the client running it, for :meth:`end_runs_of`."""
         table = dict(steps)
+        if table and run_id in self._ended:
+            return
         if table:
             self._next_use[run_id] = table
             self._owner[run_id] = owner
         else:
             self._next_use.pop(run_id, None)
             self._owner.pop(run_id, None)
+
+    def end_run(self, run_id: str) -> None:
+        """``run_id`` is over: its states stop being protected, and a plan of it that arrives
+        later protects nothing (the last :data:`ENDED_RUNS_KEPT` ended runs are remembered)."""
+        self.note_next_use(run_id, ())
+        self._ended[run_id] = None
+        self._ended.move_to_end(run_id)
+        while len(self._ended) > ENDED_RUNS_KEPT:
+            self._ended.popitem(last=False)
 
     def run_owners(self) -> set[str]:
         """The clients of the runs whose next uses are recorded (unknown ones left out)."""
@@ -86,7 +102,7 @@ class KeptStates:
         gone = set(owners)
         runs = [r for r, o in self._owner.items() if o and o in gone]
         for r in runs:
-            self.note_next_use(r, ())
+            self.end_run(r)
         return runs
 
     def needed_now(self) -> set[str]:

@@ -231,7 +231,7 @@ class ReplicaWorker:
         needed are no longer protected from eviction (each node's plan refreshes that table,
         and after a run's last launch nothing else would clear it)."""
         with self._lock:
-            self._held.note_next_use(run_id, ())
+            self._held.end_run(run_id)
 
     def run_owners(self) -> set[str]:
         """The clients whose runs protect states here (the executors' ``Cluster.owner``)."""

@@ -42,6 +42,25 @@ def test_a_gone_clients_runs_stop_protecting_their_states() -> None:
     assert held.run_owners() == set() and held.needed_now() == {"c:ROOT"}
 
 
+def test_a_plan_that_arrives_after_its_run_ended_protects_nothing(monkeypatch) -> None:
+    from graphflow.runtime import kept
+
+    held = KeptStates("score", clock=lambda: 0.0)
+    held.add("a:ROOT")
+    held.note_next_use("run-a", (("a:ROOT", 1),), owner="job-a")
+    held.end_run("run-a")
+    held.note_next_use("run-a", (("a:ROOT", 0),), owner="job-a")  # NOTE: queued behind others; its run failed
+    assert held.needed_now() == set() and held.run_owners() == set()
+    held.note_next_use("run-b", (("a:ROOT", 0),), owner="job-b")  # another run still protects
+    assert held.end_runs_of({"job-b"}) == ["run-b"]
+    held.note_next_use("run-b", (("a:ROOT", 0),), owner="job-b")  # a gone client's late plan too
+    assert held.needed_now() == set()
+    monkeypatch.setattr(kept, "ENDED_RUNS_KEPT", 3)
+    for i in range(5):
+        held.end_run(f"run-{i}")
+    assert list(held._ended) == ["run-2", "run-3", "run-4"]  # bounded: the latest ended runs
+
+
 def test_the_lookup_is_asked_only_about_recorded_clients() -> None:
     replica, asked = _Replica(), []
 
