@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from graphflow.runtime.batch_limits import MAX_BATCH_TOKENS
-from graphflow.runtime.errors import error_message
+from graphflow.runtime.errors import RunTimeout, error_message
 from graphflow.runtime.executor import WorkflowExecutor
 from graphflow.runtime.stats import ReplicaStats
 from graphflow.runtime.trace import NodeTrace, RunResult
@@ -200,12 +200,14 @@ class Client:
         pin: Mapping[str, str] | None = None,
         transfers: bool = True,
         on_node: Callable[[NodeTrace], None] | None = None,
+        timeout_s: float | None = None,
     ) -> RunResult:
         """Have a replica plan a workflow for ``task`` (or take ``workflow``), run it, return output + trace.
 
         ``pin`` maps node ids (or ``ROOT``, the task context) to the replica they must run on;
         ``transfers=False`` keeps every replica to its own prefixes (per-replica prefix caching);
-        ``on_node`` is called with each node's trace as it finishes (progress)."""
+        ``on_node`` is called with each node's trace as it finishes (progress); past
+        ``timeout_s`` of running its workflow, ``RunTimeout``."""
         require_task(task)
         first = self.cluster.replicas[0]
         ids = self.cluster.call(first, "encode", task)
@@ -214,7 +216,14 @@ class Client:
         task_ids = self.cluster.get(ids)
         graph = compile_workflow(workflow, self.templates)
         return self.executor.run(
-            graph, task_ids, new_run_id(), reuse=reuse, on_node=on_node, pin=pin, transfers=transfers
+            graph,
+            task_ids,
+            new_run_id(),
+            reuse=reuse,
+            on_node=on_node,
+            pin=pin,
+            transfers=transfers,
+            timeout_s=timeout_s,
         )
 
     def run_many(
@@ -224,11 +233,13 @@ class Client:
         reuse: bool = True,
         on_task: Callable[[TaskOutcome], None] | None = None,
         workflow: Workflow | None = None,
+        timeout_s: float | None = None,
     ) -> list[TaskOutcome]:
         """Run ``tasks`` through this client, ``concurrency`` workflows in flight at once (the
         replicas' engine loops batch their nodes), each through ``workflow`` where given (else the
         one a replica plans for it); one outcome per task, in order. A task the
-        deployment refuses (``ValueError``: longer than the model accepts, …) gets its error and
+        deployment refuses (``ValueError``: longer than the model accepts, …) or that runs past
+        ``timeout_s`` (``RunTimeout``) gets its error and
         the others go on; an empty task refuses the whole call before anything runs. ``on_task``
         is called as each one ends (progress)."""
         if concurrency < 1:
@@ -239,9 +250,9 @@ class Client:
         def one(i: int, task: str) -> TaskOutcome:
             start = time.perf_counter()
             try:
-                ran = self.run(task, workflow, reuse=reuse)
+                ran = self.run(task, workflow, reuse=reuse, timeout_s=timeout_s)
                 done = TaskOutcome(i, task, ran, seconds=time.perf_counter() - start)
-            except ValueError as exc:  # NOTE: a Ray task error wrapping a ValueError is one too
+            except (ValueError, RunTimeout) as exc:  # NOTE: a Ray task error wrapping a ValueError is one too
                 done = TaskOutcome(i, task, None, error_message(exc), time.perf_counter() - start)
             if on_task is not None:
                 on_task(done)

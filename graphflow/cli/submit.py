@@ -66,6 +66,9 @@ def submit(
         help="Run every task through this workflow (YAML, one workflow: what `graphflow generate --out` "
         "writes) instead of the one a replica plans for it.",
     ),
+    timeout: float = typer.Option(
+        0.0, help="Seconds each task's workflow may run before it is given up (0: no limit); exit 2, or 1 in a file."
+    ),
     model: str = typer.Option("", help="Model the task is meant for ('' = whatever is served)."),
     decode: int = typer.Option(16, help="Tokens each node generates after its first (decode steps)."),
     no_reuse: bool = typer.Option(False, "--no-reuse", help="Turn every KV reuse and transfer off."),
@@ -77,6 +80,9 @@ def submit(
     """Submit a task (or a file of tasks) to a running deployment; prints the output and the
     per-node trace (for a file: one line per task and the tasks per second)."""
     tasks = submitted_tasks(task, tasks_file, concurrency)  # NOTE: before the seconds of imports and attaching
+    if timeout < 0:
+        raise ValueError(f"--timeout must be 0 (no limit) or more, got {timeout:g}")
+    timeout_s = timeout or None
     workflow = submitted_workflow(workflow_file) if workflow_file is not None else None
     from graphflow.client import connect
     from graphflow.workflow.compile import compile_workflow
@@ -89,7 +95,11 @@ def submit(
     say(f"running {_count(len(tasks), 'workflow')} on {len(client.cluster.replicas)} replicas")
     if tasks_file is None:
         result = client.run(
-            task, workflow, reuse=not no_reuse, on_node=lambda t: say(f"{t.node}: {t.decision} on {t.replica}")
+            task,
+            workflow,
+            reuse=not no_reuse,
+            on_node=lambda t: say(f"{t.node}: {t.decision} on {t.replica}"),
+            timeout_s=timeout_s,
         )
         if json_out:
             emit(result_json(result))
@@ -103,6 +113,7 @@ def submit(
         tasks,
         concurrency,
         workflow=workflow,
+        timeout_s=timeout_s,
         reuse=not no_reuse,
         on_task=lambda o: say(
             f"task {o.index + 1} ({next(finished)} of {len(tasks)} done): "

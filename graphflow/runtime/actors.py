@@ -373,9 +373,10 @@ class RayCluster:
         """Kill the manager actor (fault injection: ``graphflow check faults``)."""
         self.ray.kill(self._manager, no_restart=True)
 
-    def wait_one(self, handles: Sequence[Any]) -> Any:
-        done, _ = self.ray.wait(list(handles), num_returns=1)
-        return done[0]
+    def wait_one(self, handles: Sequence[Any], timeout_s: float | None = None) -> Any | None:
+        """The first of ``handles`` to finish; ``None`` when none has within ``timeout_s``."""
+        done, _ = self.ray.wait(list(handles), num_returns=1, timeout=timeout_s)
+        return done[0] if done else None
 
     def get(self, handle: Any) -> Any:
         return self.ray.get(handle)

@@ -19,7 +19,7 @@ class Cluster(Protocol):
 
     def call(self, replica: str, method: str, *args: Any) -> Any: ...  # returns a handle
     def manager(self, method: str, *args: Any) -> Any: ...  # returns the value
-    def wait_one(self, handles: Sequence[Any]) -> Any: ...  # a finished handle
+    def wait_one(self, handles: Sequence[Any], timeout_s: float | None = None) -> Any | None: ...  # None: timed out
     def get(self, handle: Any) -> Any: ...
     def queue_lengths(self) -> dict[str, int]: ...  # node calls in each replica now (all clients)
     def is_replica_failure(self, exc: BaseException) -> bool: ...  # the replica itself is gone

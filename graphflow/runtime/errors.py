@@ -6,13 +6,18 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["Unavailable", "error_message", "load_or_why", "root_cause"]
+__all__ = ["RunTimeout", "Unavailable", "error_message", "load_or_why", "root_cause"]
 
 
 class Unavailable(Exception):
     """Something this machine, cluster or deployment lacks for the request (root, a tool, a
     Ray head, a live replica); the message says what to do. Not a caller's mistake
     (``ValueError``) and not broken state (``RuntimeError``)."""
+
+
+class RunTimeout(Unavailable):
+    """A run that did not finish within the time its caller gave it (``timeout_s``); the run is
+    ended at the manager and the replicas as any other, and the message says what to do."""
 
 
 def root_cause(exc: BaseException) -> BaseException:

@@ -32,7 +32,7 @@ from graphflow.runtime.in_flight import InFlight, prefix_key
 from graphflow.runtime.offers import arriving_tokens, state_requests
 from graphflow.runtime.order import levels, next_use
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult, TemplateRef
-from graphflow.runtime.run_state import Flight, RunState
+from graphflow.runtime.run_state import Deadline, Flight, RunState
 from graphflow.runtime.trace import MATERIALIZE, NodeTrace, RunResult, node_trace
 from graphflow.workflow.compile import ROOT, ExecGraph, node_context, node_path
 from scheduler.cost import LinkMatrix, LinkSpec
@@ -94,6 +94,7 @@ class WorkflowExecutor:
         pin: Mapping[str, str] | None = None,
         force: Option | None = None,
         transfers: bool = True,
+        timeout_s: float | None = None,
     ) -> RunResult:
         """Execute ``gs`` for a task; ``reuse=False`` turns every KV reuse and transfer off.
 
@@ -106,14 +107,19 @@ class WorkflowExecutor:
         (``RunResult.decisions``) still price every option. ``transfers=False`` never moves KV
         between replicas: each replica reuses only its own prefixes, as per-replica prefix
         caching does (the baseline serving stacks give). Bad requests raise ``ValueError``.
+        ``timeout_s`` bounds the wait for the run's results: past it, ``RunTimeout`` (the nodes
+        still running on replicas finish there, their results unused).
 
         However the run ends, every replica is told so (``end_run``): the states it protected
         for this run's ready nodes are evictable again. The manager learns the run's client when
         it begins (``begin_run``), so a run whose client dies mid-run is ended all the same."""
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout must be more than 0 s, got {timeout_s}")
+        deadline = Deadline(timeout_s, len(gs.nodes))
         try:
             if self.cluster.owner:
                 self.cluster.manager("begin_run", run_id, self.cluster.owner)
-            return self._run(gs, task_ids, run_id, reuse, on_node, pin, force, transfers)
+            return self._run(gs, task_ids, run_id, reuse, on_node, pin, force, transfers, deadline)
         finally:
             self.in_flight.end_run(run_id)
             self._end_run(run_id)
@@ -128,6 +134,7 @@ class WorkflowExecutor:
         pin: Mapping[str, str] | None,
         force: Option | None,
         transfers: bool,
+        deadline: Deadline,
     ) -> RunResult:
         c = self.cluster
         pin = dict(pin or {})
@@ -135,7 +142,7 @@ class WorkflowExecutor:
         st = RunState(run_id, list(task_ids), list(c.replicas), reuse, pin, force, transfers)
         self._refresh_info()
         if reuse:
-            st.traces.append(self.materialize_root(f"{run_id}:{ROOT}", task_ids, pin.get(ROOT, "")))
+            st.traces.append(self.materialize_root(f"{run_id}:{ROOT}", task_ids, pin.get(ROOT, ""), deadline))
         st.tokens[ROOT] = list(task_ids)
         level = levels(gs)
         while len(st.results) < len(gs.nodes):
@@ -146,7 +153,9 @@ class WorkflowExecutor:
                     self._start(st, gs, nid, ready, level)
             if not st.in_flight:
                 continue
-            done = c.wait_one([*st.in_flight, *st.sending])
+            done = c.wait_one([*st.in_flight, *st.sending], deadline.left())
+            if done is None:
+                raise deadline.passed(len(st.results))
             if done in st.sending:
                 self.failures.sent(done, *st.sending.pop(done))
             else:
@@ -321,13 +330,19 @@ class WorkflowExecutor:
             events.append(TemplateEvent(res.replica, res.templates))
         self.cluster.manager("apply", events, self.clock())
 
-    def materialize_root(self, root: str, task_ids: Sequence[int], pinned: str = "") -> NodeTrace:
+    def materialize_root(
+        self, root: str, task_ids: Sequence[int], pinned: str = "", deadline: Deadline | None = None
+    ) -> NodeTrace:
         """Prefill the task context once as state ``root``, on ``pinned`` if set (else the first
         live replica); blocks the replica already holds are reused (a context computed upstream)."""
         c = self.cluster
+        deadline = deadline or Deadline(None, 0)
         for replica in sorted(c.replicas, key=lambda r: r != pinned):
             try:
-                got: MaterializeResult = c.get(c.call(replica, "materialize", root, list(task_ids)))
+                call = c.call(replica, "materialize", root, list(task_ids))
+                if c.wait_one([call], deadline.left()) is None:
+                    raise deadline.passed(0)
+                got: MaterializeResult = c.get(call)
             except Exception as exc:
                 if not c.is_replica_failure(exc):
                     raise

@@ -103,9 +103,10 @@ class LocalCluster:
         self._manager = manager
         return reported
 
-    def wait_one(self, handles: Sequence[cf.Future[Any]]) -> cf.Future[Any]:
-        done, _ = cf.wait(handles, return_when=cf.FIRST_COMPLETED)
-        return next(h for h in handles if h in done)
+    def wait_one(self, handles: Sequence[cf.Future[Any]], timeout_s: float | None = None) -> cf.Future[Any] | None:
+        """The first of ``handles`` to finish; ``None`` when none has within ``timeout_s``."""
+        done, _ = cf.wait(handles, timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
+        return next((h for h in handles if h in done), None)
 
     def get(self, handle: cf.Future[Any]) -> Any:
         return handle.result()

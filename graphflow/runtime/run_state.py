@@ -4,6 +4,7 @@ A :class:`RunState` holds the run's options, the contexts and results so far, th
 in flight (:class:`Flight`: a node call, and for a transfer the source's send), the prefixes
 transfers are bringing to each replica, and the nodes to recompute after a failed attempt.
 The executor (``runtime.executor``) decides and launches; this class only keeps the books.
+A :class:`Deadline` is the run's time limit, where its caller gave one.
 """
 
 from __future__ import annotations
@@ -14,11 +15,31 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphflow.runtime.errors import RunTimeout
 from graphflow.runtime.plan import NodeResult
 from graphflow.runtime.trace import NodeTrace, RunResult
 from scheduler.policy import Decision, Option
 
-__all__ = ["Flight", "RunState"]
+__all__ = ["Deadline", "Flight", "RunState"]
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """A run's time limit: ``timeout_s`` from ``start`` (``None``: no limit) over its ``nodes``."""
+
+    timeout_s: float | None
+    nodes: int
+    start: float = field(default_factory=time.monotonic)
+
+    def left(self) -> float | None:
+        """Seconds left to wait (0 once past), ``None`` without a limit."""
+        return None if self.timeout_s is None else max(0.0, self.start + self.timeout_s - time.monotonic())
+
+    def passed(self, done: int) -> RunTimeout:
+        return RunTimeout(
+            f"the task did not finish within {self.timeout_s:g} s ({done} of {self.nodes} nodes done); give it "
+            "longer, or see `graphflow status` for a replica that stopped answering"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,6 +110,12 @@ def test_serve_submit_status_shutdown(tmp_path):
             *("--workflow", str(mine), "--json"),
         )
         assert [t["node"] for t in _last_json(given)["trace"]] == ["ROOT", "s", "r", "f"]
+        # a task given less time than its workflow takes: given up (exit 2), the deployment serves on
+        late = _cli(
+            *("submit", "--address", "ray://127.0.0.1:10001", "--task", task + " (late)", "--timeout", "0.001"),
+            check=False,
+        )
+        assert late.returncode == 2 and "did not finish within 0.001 s" in late.stderr, late.stderr[-2000:]
         # a file of tasks through one client, two in flight; one too long for the model is refused alone
         tasks = tmp_path / "tasks.txt"
         tasks.write_text(f"{task}\n\nSort 3, 1, 2 and explain the order.\n{'word ' * 9000}\nName three primes.\n")
@@ -147,6 +153,7 @@ def test_serve_submit_status_shutdown(tmp_path):
         assert {r["threads"] for r in status["replicas"]} == {max(1, (os.cpu_count() or 1) // 2)}
         assert {r["transport"] for r in status["replicas"]} == {"ucx"} and all(r["node"] for r in status["replicas"])
         assert sum(r["hits"] for r in status["replicas"]) > 0
+        assert all(r["protected_states"] == 0 for r in status["replicas"])  # every run ended, the late one too
         # serve prefaults the whole capacity, and hands back a span of it for each span of KV computed
         pools = [(r["pool_bytes"], r["prefaulted_bytes"]) for r in status["replicas"]]
         assert all(0 < prefaulted - 64 * 2**20 < held <= prefaulted for held, prefaulted in pools), pools

@@ -79,6 +79,10 @@ def test_a_tasks_file_is_checked_before_connecting(tmp_path):
         2,
         "error: --concurrency must be 1 or more, got 0",
     )
+    assert submit("--tasks-file", str(tasks), "--timeout", "-1") == (
+        2,
+        "error: --timeout must be 0 (no limit) or more, got -1",
+    )
 
 
 def test_submit_without_a_task_says_what_to_give():
@@ -120,7 +124,7 @@ def test_a_tasks_file_with_a_refused_task_prints_every_outcome_and_exits_1(tmp_p
         def served_model(self, wanted: str = "") -> str:
             return "tiny-llama"
 
-        def run_many(self, tasks, concurrency, reuse=True, on_task=None, workflow=None):
+        def run_many(self, tasks, concurrency, reuse=True, on_task=None, **_):
             outcomes = [TaskOutcome(i, t, None, error=f"refused {t}", seconds=0.1) for i, t in enumerate(tasks)]
             for o in outcomes:
                 on_task(o)
@@ -175,13 +179,14 @@ def test_submit_runs_every_task_of_a_file_through_the_given_workflow(tmp_path, m
         def served_model(self, wanted: str = "") -> str:
             return "tiny-llama"
 
-        def run_many(self, tasks, concurrency, reuse=True, on_task=None, workflow=None):
-            given.append(workflow)
+        def run_many(self, tasks, concurrency, reuse=True, on_task=None, workflow=None, timeout_s=None):
+            given.append((workflow, timeout_s))
             return [TaskOutcome(i, t, None, error="stop here") for i, t in enumerate(tasks)]
 
     monkeypatch.setattr(graphflow.client, "connect", lambda *_a, **_k: Client())
     (tmp_path / "tasks.txt").write_text("one\n")
     (tmp_path / "w.yaml").write_text("- name: mine\n  nodes: [{id: a, operator: Custom, role: SOLVE}]\n")
     args = ["submit", "--address", "ray://h:10001", "--tasks-file", str(tmp_path / "tasks.txt")]
-    assert CliRunner().invoke(app, [*args, "--workflow", str(tmp_path / "w.yaml")]).exit_code == 1
-    assert [w.name for w in given] == ["mine"] and [n.id for n in given[0].nodes] == ["a"]
+    assert CliRunner().invoke(app, [*args, "--workflow", str(tmp_path / "w.yaml"), "--timeout", "30"]).exit_code == 1
+    assert [(w.name, t) for w, t in given] == [("mine", 30.0)] and [n.id for n in given[0][0].nodes] == ["a"]
+    assert CliRunner().invoke(app, args).exit_code == 1 and given[1] == (None, None)  # 0: no limit

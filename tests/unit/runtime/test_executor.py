@@ -303,3 +303,29 @@ def test_a_branch_follows_its_sibling_to_where_their_prefix_is_read(cluster):
     batches = ex.in_flight.batches(["replica-0", "replica-1"], {}, 1)
     assert batches["replica-0"].rows == 1 and batches["replica-1"].rows == 0  # the run's nodes are done
     ex.in_flight.end_run("another-run")
+
+
+def test_a_run_past_its_timeout_is_given_up_and_ended(cluster, monkeypatch):
+    import time
+
+    from graphflow.runtime.errors import RunTimeout
+
+    ex = _executor(cluster, link_bw=1e3, prefill_b=1e-4)
+    gs = compile_workflow(fan_out_workflow(2))
+    ids = cluster.workers["replica-0"].encode(TASK + "(timeout)")
+    with pytest.raises(ValueError, match="timeout must be more than 0 s, got 0"):
+        ex.run(gs, ids, "late-0", timeout_s=0)
+    for w in cluster.workers.values():
+        slow = w.run_node
+        monkeypatch.setattr(w, "run_node", lambda plan, slow=slow: time.sleep(1.0) or slow(plan))
+    start = time.perf_counter()
+    n = len(gs.nodes)
+    with pytest.raises(RunTimeout, match=rf"did not finish within 0.4 s \(0 of {n} nodes done\)"):
+        ex.run(gs, ids, "late-1", timeout_s=0.4)
+    assert time.perf_counter() - start < 1.0  # given up at the deadline, not when the nodes end
+    time.sleep(1.5)  # the nodes end on their replicas; the run was ended, so they protect nothing
+    assert all(s.protected_states == 0 for s in cluster.stats())
+    with pytest.raises(RunTimeout, match=rf"\(0 of {n} nodes done\)"):
+        ex.run(gs, cluster.workers["replica-0"].encode(TASK + "(root late)"), "late-2", timeout_s=1e-6)
+    monkeypatch.undo()
+    assert len(ex.run(gs, ids, "late-3", timeout_s=60).nodes) == n  # in time: as without a limit
