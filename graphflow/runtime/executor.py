@@ -108,7 +108,8 @@ class WorkflowExecutor:
         between replicas: each replica reuses only its own prefixes, as per-replica prefix
         caching does (the baseline serving stacks give). Bad requests raise ``ValueError``.
         ``timeout_s`` bounds the wait for the run's results: past it, ``RunTimeout`` (the nodes
-        still running on replicas finish there, their results unused).
+        still running on replicas finish there, their results unused: what they keep stays there,
+        unprotected and unknown to the manager, until the replica evicts it).
 
         However the run ends, every replica is told so (``end_run``): the states it protected
         for this run's ready nodes are evictable again. The manager learns the run's client when
