@@ -184,6 +184,14 @@ class TaskOutcome:
     result: RunResult | None
     error: str = ""
     seconds: float = 0.0  # from its start to its result, queueing for a free slot excluded
+    timed_out: bool = False  # given up at its time limit (``RunTimeout``) rather than refused
+
+    @property
+    def why(self) -> str:
+        """``refused: …`` or ``out of time: …`` (empty when it ran)."""
+        if self.result is not None:
+            return ""
+        return f"{'out of time' if self.timed_out else 'refused'}: {self.error}"
 
 
 @dataclass
@@ -253,7 +261,8 @@ class Client:
                 ran = self.run(task, workflow, reuse=reuse, timeout_s=timeout_s)
                 done = TaskOutcome(i, task, ran, seconds=time.perf_counter() - start)
             except (ValueError, RunTimeout) as exc:  # NOTE: a Ray task error wrapping a ValueError is one too
-                done = TaskOutcome(i, task, None, error_message(exc), time.perf_counter() - start)
+                late = isinstance(exc, RunTimeout)
+                done = TaskOutcome(i, task, None, error_message(exc), time.perf_counter() - start, late)
             if on_task is not None:
                 on_task(done)
             return done

@@ -16,6 +16,7 @@ from rich.table import Table
 from graphflow.cli._common import emit, folding_table, out, say, trace_table, user_errors
 
 if TYPE_CHECKING:
+    from graphflow.client import TaskOutcome
     from graphflow.kv.events import ManagerStats
     from graphflow.runtime.stats import ReplicaStats
     from graphflow.workflow.corpus import Workflow
@@ -56,8 +57,8 @@ def submit(
         None,
         "--tasks-file",
         help="A file of tasks, one per line (blank lines skipped), run through one client with --concurrency "
-        "workflows in flight; a task the deployment refuses gets its error and the others go on (the "
-        "command then exits 1).",
+        "workflows in flight; a task the deployment refuses (or that runs out of time) gets its error and the "
+        "others go on (the command then exits 1).",
     ),
     concurrency: int = typer.Option(4, help="Workflows in flight at once with --tasks-file."),
     workflow_file: Path | None = typer.Option(
@@ -117,24 +118,28 @@ def submit(
         reuse=not no_reuse,
         on_task=lambda o: say(
             f"task {o.index + 1} ({next(finished)} of {len(tasks)} done): "
-            + (f"{o.seconds:.2f} s" if o.result is not None else f"refused: {o.error}")
+            + (f"{o.seconds:.2f} s" if o.result is not None else o.why)
         ),
     )
     wall = time.perf_counter() - start
     ran = sum(o.result is not None for o in outcomes)
     if json_out:
         runs = [
-            {"task": o.task, "seconds": o.seconds, **(result_json(o.result) if o.result else {"error": o.error})}
+            {
+                "task": o.task,
+                "seconds": o.seconds,
+                **(result_json(o.result) if o.result else {"error": o.error, "timed_out": o.timed_out}),
+            }
             for o in outcomes
         ]
         emit({"runs": runs, "wall_s": wall, "tasks_per_s": ran / wall, "concurrency": concurrency})
-        _exit_if_refused(ran, len(tasks))
+        _exit_if_any_failed(outcomes)
         return
     table = folding_table("#", "task", "nodes", "s", "first token s", "bytes moved", "output", title="tasks")
     for o in outcomes:
         r = o.result
         if r is None:
-            table.add_row(str(o.index + 1), _preview(o.task), "", f"{o.seconds:.2f}", "", "", f"refused: {o.error}")
+            table.add_row(str(o.index + 1), _preview(o.task), "", f"{o.seconds:.2f}", "", "", o.why)
             continue
         first = min((t.ttft_s for t in r.nodes), default=0.0)
         table.add_row(
@@ -150,13 +155,21 @@ def submit(
     out.print(
         f"{ran} of {_count(len(tasks), 'task')} ran in {wall:.1f} s: {ran / wall:.2f} tasks/s, {concurrency} in flight"
     )
-    _exit_if_refused(ran, len(tasks))
+    _exit_if_any_failed(outcomes)
 
 
-def _exit_if_refused(ran: int, tasks: int) -> None:
-    """Exit 1 when the deployment refused any task of a file (each said why), so a script sees it."""
-    if ran < tasks:
-        say(f"{tasks - ran} of {_count(tasks, 'task')} refused")
+def _exit_if_any_failed(outcomes: Sequence[TaskOutcome]) -> None:
+    """Exit 1 when any task of a file was refused or ran out of time (each said why), so a script
+    sees it."""
+    late = sum(o.timed_out for o in outcomes)
+    refused = sum(o.result is None for o in outcomes) - late
+    said = [
+        f"{n} of {_count(len(outcomes), 'task')} {what}"
+        for n, what in ((refused, "refused"), (late, "out of time"))
+        if n
+    ]
+    if said:
+        say("; ".join(said))
         raise typer.Exit(1)
 
 

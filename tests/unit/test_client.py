@@ -11,6 +11,7 @@ from ray.exceptions import RayTaskError
 from graphflow.bench.serve import agents_graph
 from graphflow.bench.systems import run_as
 from graphflow.client import Client
+from graphflow.runtime.errors import RunTimeout
 from graphflow.runtime.trace import RunResult
 
 
@@ -99,6 +100,8 @@ class _Runs(Client):
             self.most = max(self.most, self.in_flight)
         try:
             time.sleep(0.02)
+            if "late" in task:
+                raise RunTimeout("the task did not finish within 1 s (0 of 1 nodes done)")
             if "too long" in task:  # NOTE: as a replica's refusal reaches the client: Ray's header, traceback
                 why = ValueError("the context needs 9001 positions but tiny-llama accepts at most 2048")
                 trace = f'Traceback (most recent call last):\n  File "replica_nodes.py", line 229\nValueError: {why}'
@@ -121,6 +124,13 @@ def test_run_many_keeps_order_bounds_concurrency_and_goes_on_past_a_refused_task
     assert outcomes[8].result is not None and outcomes[8].result.final == "LAST"
     assert 1 < client.most <= 3  # never more than asked in flight, and more than one at a time
     assert all(o.seconds >= 0.02 for o in outcomes)
+
+
+def test_a_task_out_of_time_is_its_own_outcome_and_says_so():
+    outcomes = _Runs().run_many(["late", "too long", "ok"], timeout_s=1.0)
+    assert [o.timed_out for o in outcomes] == [True, False, False]
+    assert outcomes[0].why == "out of time: the task did not finish within 1 s (0 of 1 nodes done)"
+    assert outcomes[1].why.startswith("refused: the context needs") and outcomes[2].why == ""
 
 
 def test_run_many_runs_every_task_through_a_given_workflow_or_has_each_planned():

@@ -125,7 +125,10 @@ def test_a_tasks_file_with_a_refused_task_prints_every_outcome_and_exits_1(tmp_p
             return "tiny-llama"
 
         def run_many(self, tasks, concurrency, reuse=True, on_task=None, **_):
-            outcomes = [TaskOutcome(i, t, None, error=f"refused {t}", seconds=0.1) for i, t in enumerate(tasks)]
+            outcomes = [
+                TaskOutcome(i, t, None, error=f"refused {t}", seconds=0.1, timed_out=t == "two")
+                for i, t in enumerate(tasks)
+            ]
             for o in outcomes:
                 on_task(o)
             return outcomes
@@ -136,8 +139,9 @@ def test_a_tasks_file_with_a_refused_task_prints_every_outcome_and_exits_1(tmp_p
     got = CliRunner().invoke(app, ["submit", "--address", "ray://h:10001", "--tasks-file", str(tasks), "--json"])
     assert got.exit_code == 1, got.output
     shown = json.loads(got.stdout.strip().splitlines()[-1])
-    assert [r["error"] for r in shown["runs"]] == ["refused one", "refused two"]
-    assert "2 of 2 tasks refused" in got.stderr
+    assert [(r["error"], r["timed_out"]) for r in shown["runs"]] == [("refused one", False), ("refused two", True)]
+    assert "refused: refused one" in got.stderr and "out of time: refused two" in got.stderr
+    assert "1 of 2 tasks refused; 1 of 2 tasks out of time" in got.stderr
 
 
 def test_a_workflow_file_is_checked_before_connecting(tmp_path):
