@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from graphflow.runtime.batch_limits import MAX_BATCH_TOKENS
 from graphflow.runtime.errors import RunTimeout, error_message
 from graphflow.runtime.executor import WorkflowExecutor
+from graphflow.runtime.run_state import Deadline
 from graphflow.runtime.stats import ReplicaStats
 from graphflow.runtime.trace import NodeTrace, RunResult
 from graphflow.workflow.compile import compile_workflow
@@ -215,13 +216,14 @@ class Client:
         ``pin`` maps node ids (or ``ROOT``, the task context) to the replica they must run on;
         ``transfers=False`` keeps every replica to its own prefixes (per-replica prefix caching);
         ``on_node`` is called with each node's trace as it finishes (progress); past
-        ``timeout_s`` of running its workflow, ``RunTimeout``."""
+        ``timeout_s`` (from this call: its encoding and plan included), ``RunTimeout``."""
         require_task(task)
+        deadline = Deadline(timeout_s, 0)
         first = self.cluster.replicas[0]
         ids = self.cluster.call(first, "encode", task)
         if workflow is None:  # NOTE: planned on a replica, which has torch loaded; the client never loads it
-            workflow = self.cluster.get(self.cluster.call(first, "plan", task))
-        task_ids = self.cluster.get(ids)
+            workflow = self._in_time(self.cluster.call(first, "plan", task), deadline)
+        task_ids = self._in_time(ids, deadline)
         graph = compile_workflow(workflow, self.templates)
         return self.executor.run(
             graph,
@@ -232,7 +234,13 @@ class Client:
             pin=pin,
             transfers=transfers,
             timeout_s=timeout_s,
+            since=deadline.start,
         )
+
+    def _in_time(self, handle: Any, deadline: Deadline) -> Any:
+        if self.cluster.wait_one([handle], deadline.left()) is None:
+            raise deadline.passed(0)
+        return self.cluster.get(handle)
 
     def run_many(
         self,

@@ -68,7 +68,9 @@ def submit(
         "writes) instead of the one a replica plans for it.",
     ),
     timeout: float = typer.Option(
-        0.0, help="Seconds each task's workflow may run before it is given up (0: no limit); exit 2, or 1 in a file."
+        0.0,
+        help="Seconds each task (its plan and workflow) may run before it is given up (0: no limit); exit 2, "
+        "or 1 in a file.",
     ),
     model: str = typer.Option("", help="Model the task is meant for ('' = whatever is served)."),
     decode: int = typer.Option(16, help="Tokens each node generates after its first (decode steps)."),

@@ -95,6 +95,7 @@ class WorkflowExecutor:
         force: Option | None = None,
         transfers: bool = True,
         timeout_s: float | None = None,
+        since: float | None = None,
     ) -> RunResult:
         """Execute ``gs`` for a task; ``reuse=False`` turns every KV reuse and transfer off.
 
@@ -107,16 +108,15 @@ class WorkflowExecutor:
         (``RunResult.decisions``) still price every option. ``transfers=False`` never moves KV
         between replicas: each replica reuses only its own prefixes, as per-replica prefix
         caching does (the baseline serving stacks give). Bad requests raise ``ValueError``.
-        ``timeout_s`` bounds the wait for the run's results: past it, ``RunTimeout`` (the nodes
+        ``timeout_s`` bounds the wait for the run's results, counted from ``since`` (a
+        ``time.monotonic()``; default now): past it, ``RunTimeout`` (the nodes
         still running on replicas finish there, their results unused: what they keep stays there,
         unprotected and unknown to the manager, until the replica evicts it).
 
         However the run ends, every replica is told so (``end_run``): the states it protected
         for this run's ready nodes are evictable again. The manager learns the run's client when
         it begins (``begin_run``), so a run whose client dies mid-run is ended all the same."""
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"timeout must be more than 0 s, got {timeout_s}")
-        deadline = Deadline(timeout_s, len(gs.nodes))
+        deadline = Deadline(timeout_s, len(gs.nodes), time.monotonic() if since is None else since)
         try:
             if self.cluster.owner:
                 self.cluster.manager("begin_run", run_id, self.cluster.owner)

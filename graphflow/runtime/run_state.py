@@ -28,17 +28,22 @@ class Deadline:
     """A run's time limit: ``timeout_s`` from ``start`` (``None``: no limit) over its ``nodes``."""
 
     timeout_s: float | None
-    nodes: int
+    nodes: int  # 0: before the workflow is known (the task's encoding and plan)
     start: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout must be more than 0 s, got {self.timeout_s}")
 
     def left(self) -> float | None:
         """Seconds left to wait (0 once past), ``None`` without a limit."""
         return None if self.timeout_s is None else max(0.0, self.start + self.timeout_s - time.monotonic())
 
     def passed(self, done: int) -> RunTimeout:
+        where = f"{done} of {self.nodes} nodes done" if self.nodes else "its workflow not started"
         return RunTimeout(
-            f"the task did not finish within {self.timeout_s:g} s ({done} of {self.nodes} nodes done); give it "
-            "longer, or see `graphflow status` for a replica that stopped answering"
+            f"the task did not finish within {self.timeout_s:g} s ({where}); give it longer, or see "
+            "`graphflow status` for a replica that stopped answering"
         )
 
 

@@ -167,3 +167,16 @@ def test_a_task_without_a_workflow_is_planned_on_a_replica(client, monkeypatch):
     assert asked == [task]
     graph = compile_workflow(expected, client.templates)
     assert sorted(t.node for t in result.nodes) == sorted(n.id for n in graph.nodes)
+
+
+def test_the_time_limit_counts_from_the_call_so_a_plan_that_hangs_is_given_up(client, monkeypatch):
+    first = client.cluster.workers[client.cluster.replicas[0]]
+    plan = first.plan
+    monkeypatch.setattr(first, "plan", lambda t: time.sleep(1.0) or plan(t))
+    start = time.perf_counter()
+    with pytest.raises(RunTimeout, match=r"did not finish within 0.3 s \(its workflow not started\)"):
+        client.run("Add 17 and 25.", timeout_s=0.3)
+    assert time.perf_counter() - start < 0.9
+    with pytest.raises(ValueError, match="timeout must be more than 0 s, got -1"):
+        client.run("Add 17 and 25.", timeout_s=-1)
+    time.sleep(0.8)  # NOTE: the abandoned plan ends before the next test uses the replica
