@@ -222,8 +222,8 @@ class Client:
         first = self.cluster.replicas[0]
         ids = self.cluster.call(first, "encode", task)
         if workflow is None:  # NOTE: planned on a replica, which has torch loaded; the client never loads it
-            workflow = self._in_time(self.cluster.call(first, "plan", task), deadline)
-        task_ids = self._in_time(ids, deadline)
+            workflow = deadline.result(self.cluster, self.cluster.call(first, "plan", task))
+        task_ids = deadline.result(self.cluster, ids)
         graph = compile_workflow(workflow, self.templates)
         return self.executor.run(
             graph,
@@ -236,11 +236,6 @@ class Client:
             timeout_s=timeout_s,
             since=deadline.start,
         )
-
-    def _in_time(self, handle: Any, deadline: Deadline) -> Any:
-        if self.cluster.wait_one([handle], deadline.left()) is None:
-            raise deadline.passed(0)
-        return self.cluster.get(handle)
 
     def run_many(
         self,

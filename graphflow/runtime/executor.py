@@ -340,10 +340,7 @@ class WorkflowExecutor:
         deadline = deadline or Deadline(None, 0)
         for replica in sorted(c.replicas, key=lambda r: r != pinned):
             try:
-                call = c.call(replica, "materialize", root, list(task_ids))
-                if c.wait_one([call], deadline.left()) is None:
-                    raise deadline.passed(0)
-                got: MaterializeResult = c.get(call)
+                got: MaterializeResult = deadline.result(c, c.call(replica, "materialize", root, list(task_ids)))
             except Exception as exc:
                 if not c.is_replica_failure(exc):
                     raise

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphflow.runtime.cluster_api import Cluster
 from graphflow.runtime.errors import RunTimeout
 from graphflow.runtime.plan import NodeResult
 from graphflow.runtime.trace import NodeTrace, RunResult
@@ -38,6 +39,12 @@ class Deadline:
     def left(self) -> float | None:
         """Seconds left to wait (0 once past), ``None`` without a limit."""
         return None if self.timeout_s is None else max(0.0, self.start + self.timeout_s - time.monotonic())
+
+    def result(self, cluster: Cluster, handle: Any) -> Any:
+        """``handle``'s result once ready; ``RunTimeout`` (no node done yet) if it is not in time."""
+        if cluster.wait_one([handle], self.left()) is None:
+            raise self.passed(0)
+        return cluster.get(handle)
 
     def passed(self, done: int) -> RunTimeout:
         where = f"{done} of {self.nodes} nodes done" if self.nodes else "its workflow not started"
