@@ -26,6 +26,7 @@ from typing import Any
 from graphflow.kv.differential.modes import base_version
 from graphflow.kv.events import ReplicaInfo, TemplateEvent
 from graphflow.runtime.cluster_api import Cluster
+from graphflow.runtime.deliveries import run_of
 from graphflow.runtime.errors import Unavailable
 from graphflow.runtime.failures import ALL_LOST, Failures
 from graphflow.runtime.in_flight import InFlight, prefix_key
@@ -83,6 +84,7 @@ class WorkflowExecutor:
         self._info: dict[str, ReplicaInfo] = {}
         self.failures = Failures(cluster)
         self.in_flight = InFlight()  # every run's nodes in flight: the load placement prices
+        self._delivered: dict[str, set[str]] = {}  # run → states whose results reached the manager
 
     def run(
         self,
@@ -110,11 +112,12 @@ class WorkflowExecutor:
         caching does (the baseline serving stacks give). Bad requests raise ``ValueError``.
         ``timeout_s`` bounds the wait for the run's results, counted from ``since`` (a
         ``time.monotonic()``; default now): past it, ``RunTimeout`` (the nodes
-        still running on replicas finish there, their results unused: what they keep stays there,
-        unprotected and unknown to the manager, until the replica evicts it).
+        still running on replicas finish there and keep nothing; their evictions reach the
+        manager with the replica's next result).
 
-        However the run ends, every replica is told so (``end_run``): the states it protected
-        for this run's ready nodes are evictable again. The manager learns the run's client when
+        However the run ends, every replica is told so (``end_run``, with the states whose
+        results reached the manager): the states it protected for this run's ready nodes are
+        evictable again, and what results nobody collected kept is released. The manager learns the run's client when
         it begins (``begin_run``), so a run whose client dies mid-run is ended all the same."""
         deadline = Deadline(timeout_s, len(gs.nodes), time.monotonic() if since is None else since)
         try:
@@ -330,6 +333,13 @@ class WorkflowExecutor:
         if res.templates:
             events.append(TemplateEvent(res.replica, res.templates))
         self.cluster.manager("apply", events, self.clock())
+        self._applied(res.state_id)
+
+    def _applied(self, state_id: str) -> None:
+        """The result of ``state_id`` reached the manager (its run's ``end_run`` says so)."""
+        run = run_of(state_id)
+        if run:
+            self._delivered.setdefault(run, set()).add(state_id)
 
     def materialize_root(
         self, root: str, task_ids: Sequence[int], pinned: str = "", deadline: Deadline | None = None
@@ -347,6 +357,7 @@ class WorkflowExecutor:
                 self.failures.lose(replica)
                 continue
             c.manager("apply", list(got.events), self.clock())
+            self._applied(root)
             note = "" if got.kept else "larger than the replica's store: not kept, nodes prefill it"
             n = got.tokens - got.reused
             return NodeTrace(
@@ -367,9 +378,10 @@ class WorkflowExecutor:
         raise Unavailable(ALL_LOST)
 
     def _end_run(self, run_id: str) -> None:
-        """Tell every live replica the run is over (a lost one is dropped, as anywhere else),
-        and the manager, which forgets the run's state records a while later."""
-        self.failures.tell_all("end_run", run_id)
+        """Tell every live replica the run is over and which of its results reached the manager
+        (a lost one is dropped, as anywhere else), and the manager, which forgets the run's state
+        records a while later."""
+        self.failures.tell_all("end_run", run_id, sorted(self._delivered.pop(run_id, ())))
         self.cluster.manager("end_run", run_id, self.clock())
 
     # ---- helpers -------------------------------------------------------------------------

@@ -55,6 +55,9 @@ class KeptStates:
     def __len__(self) -> int:
         return len(self._held)
 
+    def __contains__(self, state_id: object) -> bool:
+        return state_id in self._held
+
     def add(self, state_id: str) -> None:
         self._held[state_id] = _Held(self.clock())
 
@@ -91,6 +94,10 @@ class KeptStates:
         self._ended.move_to_end(run_id)
         while len(self._ended) > ENDED_RUNS_KEPT:
             self._ended.popitem(last=False)
+
+    def ended(self, run_id: str) -> bool:
+        """Whether ``run_id`` ended lately (one of the last :data:`ENDED_RUNS_KEPT` ended)."""
+        return run_id in self._ended
 
     def run_owners(self) -> set[str]:
         """The clients of the runs whose next uses are recorded (unknown ones left out)."""

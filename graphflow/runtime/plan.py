@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphflow.kv.events import AdmitEvent, EvictEvent, TemplateHolding
+from graphflow.runtime.deliveries import run_of
 from scheduler.policy import Option
 
 __all__ = ["MaterializeResult", "NodePlan", "NodeResult", "TemplateRef"]
@@ -79,7 +80,7 @@ class NodePlan:
     @property
     def run_id(self) -> str:
         """The workflow run this node belongs to (state ids are ``run:node``)."""
-        return self.state_id.rpartition(":")[0]
+        return run_of(self.state_id)
 
 
 @dataclass(frozen=True, slots=True)

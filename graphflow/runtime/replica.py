@@ -16,17 +16,18 @@ This module wires the parts and is the replica's API. The node path (wait for an
 prefix, look up, receive, prefill or rebuild, decode, store) is ``runtime.replica_nodes``; the
 states it keeps live in ``runtime.replica_store``; its prefill and decode (engine loop or not,
 template KV or not) in ``runtime.replica_compute``; what it sends to peers (blocks, link
-probes, the faults ``check faults`` injects) in ``runtime.replica_sends``. Eviction, when a new
-state does not fit, follows ``runtime.kept``: lowest eviction score first (hits, bytes freed,
-age, the running workflows' steps until next use), never a state a ready node needs;
-``eviction="oldest"`` keeps the old oldest-first order (an ablation).
+probes, the faults ``check faults`` injects) in ``runtime.replica_sends``; which of its store
+changes the manager has heard of (a result nobody collected) in ``runtime.deliveries``.
+Eviction, when a new state does not fit, follows ``runtime.kept``: lowest eviction score first
+(hits, bytes freed, age, the running workflows' steps until next use), never a state a ready
+node needs; ``eviction="oldest"`` keeps the old oldest-first order (an ablation).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ from graphflow.models.ragged import unsupported
 from graphflow.models.threads import per_thread_support
 from graphflow.runtime.batch_limits import BATCH_ROWS
 from graphflow.runtime.batcher import Batcher
+from graphflow.runtime.deliveries import Deliveries
 from graphflow.runtime.kept import EVICTION_POLICIES, KeptStates
 from graphflow.runtime.memory import release_freed_memory, reset_peak_rss, resident_bytes
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
@@ -111,7 +113,8 @@ class ReplicaWorker:
         if one_parallel and self.batcher is None:  # no loop after all: every thread computes
             torch.set_num_threads(self.threads)
         self.compute = NodeCompute(self.engine, self.batcher, self.templates, self._lock, config.block_tokens)
-        self.nodes = NodeRunner(config, self.kept, held, self.compute, self.transport, self.pool)
+        self.deliveries = Deliveries()  # NOTE: under self._lock, as every store change
+        self.nodes = NodeRunner(config, self.kept, held, self.compute, self.transport, self.pool, self.deliveries)
         self._active = 0  # node calls in this replica now (receiving, queued or running)
         self.planner = CheckpointPlanner()  # loaded at the first plan() call
 
@@ -226,12 +229,16 @@ class ReplicaWorker:
         """One synthetic transfer of ``nbytes`` to or from ``peer``; the receiver's seconds."""
         return self.sends.probe(peer, nbytes, transfer_id, send)
 
-    def end_run(self, run_id: str) -> None:
-        """The executor finished ``run_id`` (or gave up on it): the states its ready nodes
-        needed are no longer protected from eviction (each node's plan refreshes that table,
-        and after a run's last launch nothing else would clear it)."""
+    def end_run(self, run_id: str, delivered: Collection[str]) -> None:
+        """The executor finished ``run_id`` (or gave up on it), having delivered to the manager
+        the results of the states ``delivered``: the states its ready nodes needed are no longer
+        protected from eviction (each node's plan refreshes that table, and after a run's last
+        launch nothing else would clear it); what the run's other results kept here is released,
+        and a node of it still queued or running keeps nothing (``runtime.deliveries``)."""
         with self._lock:
             self._held.end_run(run_id)
+            lost = [s for s in self.deliveries.end_run(run_id, set(delivered)) if s in self._held]
+            self.deliveries.wait([self.kept.evict(s) for s in lost])
 
     def run_owners(self) -> set[str]:
         """The clients whose runs protect states here (the executors' ``Cluster.owner``)."""
@@ -243,11 +250,21 @@ class ReplicaWorker:
         and so will never end them; returns the runs that ended."""
         with self._lock:
             ended = self._held.end_runs_of(owners)
+            for run in ended:
+                self.deliveries.forget(run)
             self.abandoned_runs += len(ended)
             return ended
 
     def release(self, state_id: str) -> int:
-        return self.kept.release(state_id)
+        """Drop ``state_id`` from this replica's store; returns the bytes freed. The manager hears
+        of it with the replica's next result (``runtime.deliveries``). Raises ``ValueError`` for a
+        state this replica does not keep."""
+        with self._lock:
+            if state_id not in self._held:
+                raise ValueError(f"{self.config.name} keeps no state {state_id!r}; nothing released")
+            before = self.store.used_bytes
+            self.deliveries.wait([self.kept.evict(state_id)])
+            return before - self.store.used_bytes
 
     def clear_kv(self) -> list[EvictEvent]:
         """Evict every kept state a ready node does not need now (the manager's events)."""

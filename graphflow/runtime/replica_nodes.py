@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from graphflow.kv.block import KVBlock
@@ -21,6 +22,7 @@ from graphflow.kv.exchange import receive_blocks, spec_for_prompt
 from graphflow.kv.manager import AdmitEvent, EvictEvent
 from graphflow.kv.state import Lineage
 from graphflow.runtime.arrivals import Arrivals
+from graphflow.runtime.deliveries import Deliveries, run_of
 from graphflow.runtime.kept import KeptStates
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
@@ -45,6 +47,8 @@ class NodeRunner:
             store lock are the runner's too.
         transport: where planned ranges are received from.
         pool: its prefaulted receive memory, which yields to the KV each node computes.
+        deliveries: which of its store changes the manager has heard of (each result carries
+            the evictions waiting, a call whose run ended keeps nothing: ``runtime.deliveries``).
     """
 
     def __init__(
@@ -55,8 +59,10 @@ class NodeRunner:
         compute: NodeCompute,
         transport: Transport,
         pool: ReceivePool,
+        deliveries: Deliveries,
     ) -> None:
         self.config = config
+        self.deliveries = deliveries
         self.pool = pool
         self.kept = kept
         self.held = held
@@ -76,21 +82,30 @@ class NodeRunner:
         if n_tmpl > len(plan.tokens):
             raise ValueError(f"the template ({n_tmpl} tokens) must fit in the context ({len(plan.tokens)} tokens)")
         self._check_length(len(plan.tokens) + plan.decode_steps)
+        evicted: list[EvictEvent] = []
         try:
-            return self._run(plan, n_tmpl)
+            res = self._run(plan, n_tmpl, evicted)
+        except BaseException:
+            with self._lock:
+                self.deliveries.wait(evicted)  # NOTE: no result will carry them
+            raise
         finally:
             lo, hi = plan.receive
             if hi > lo:  # NOTE: also when it failed: nodes waiting for these blocks then prefill them
                 self._arrivals.landed(plan.tokens[:hi])
+        admit, told = self._hand_over(plan.state_id, res.admit, res.evicted)
+        return replace(res, admit=admit, evicted=told)
 
-    def _run(self, plan: NodePlan, n_tmpl: int) -> NodeResult:
+    def _run(self, plan: NodePlan, n_tmpl: int, evicted: list[EvictEvent]) -> NodeResult:
+        """The node itself; ``evicted`` gathers the evictions it makes as it goes."""
         start = time.perf_counter()
         ids = list(plan.tokens)
         with self._lock:
             self.held.note_next_use(plan.run_id, plan.next_use, plan.owner)
         notes: list[str] = []
         marks: list[tuple[str, float]] = []
-        local, received, moved, evicted = self._prefix(plan, ids, n_tmpl, notes, marks)
+        local, received, moved, found = self._prefix(plan, ids, n_tmpl, notes, marks)
+        evicted += found
         hi = plan.receive[1]
         prefix = local + received
         cached = len(prefix) * self.config.block_tokens
@@ -193,13 +208,36 @@ class NodeRunner:
         begin = time.perf_counter()
         local, evicted = self.kept.local_prefix(ids, len(ids), leave=0)
         cached = len(local) * self.config.block_tokens
-        with self.pool.computing(self._kv_bytes(len(ids) - (cached if self.batcher is not None else 0))):
-            # held whole (computed upstream, or submitted again): nothing to run
-            blocks = local if cached == len(ids) else self._prefill_context(ids, local)
-            admit, more = self.kept.store_state(blocks, Lineage("materialize"), state_id, ids)
+        try:
+            with self.pool.computing(self._kv_bytes(len(ids) - (cached if self.batcher is not None else 0))):
+                # held whole (computed upstream, or submitted again): nothing to run
+                blocks = local if cached == len(ids) else self._prefill_context(ids, local)
+                admit, more = self.kept.store_state(blocks, Lineage("materialize"), state_id, ids)
+        except BaseException:
+            with self._lock:
+                self.deliveries.wait(evicted)  # NOTE: no result will carry them
+            raise
         seconds = time.perf_counter() - begin
-        events: tuple[AdmitEvent | EvictEvent, ...] = (*evicted, *more, *([admit] if admit else []))
-        return MaterializeResult(self.config.name, len(ids), seconds, admit is not None, events, reused=cached)
+        kept = admit is not None
+        admit, told = self._hand_over(state_id, admit, (*evicted, *more))
+        events: tuple[AdmitEvent | EvictEvent, ...] = (*told, *([admit] if admit else []))
+        return MaterializeResult(self.config.name, len(ids), seconds, kept, events, reused=cached)
+
+    def _hand_over(
+        self, state_id: str, admit: AdmitEvent | None, evicted: Sequence[EvictEvent]
+    ) -> tuple[AdmitEvent | None, tuple[EvictEvent, ...]]:
+        """What the result of the call that stored ``state_id`` tells the manager: the evictions
+        waiting for a result, then its own, and its admit. A call whose run ended while it ran
+        (timed out or failed elsewhere) keeps nothing: its states are released, its result tells
+        nothing, and what changed waits for the next result (``runtime.deliveries``)."""
+        with self._lock:
+            kept = [s for s in (state_id, _transfer_state(state_id)) if s in self.held]
+            if self.held.ended(run_of(state_id)):
+                self.deliveries.wait([*evicted, *(self.kept.evict(s) for s in kept)])
+                return None, ()
+            told = (*self.deliveries.take(), *evicted)
+            self.deliveries.sent(state_id, kept, told)
+            return admit, told
 
     def _prefill_context(self, ids: list[int], local: list[KVBlock]) -> list[KVBlock]:
         """The blocks of a task context of which this replica holds the blocks ``local``."""
@@ -253,5 +291,10 @@ class NodeRunner:
         """Keep the own prefix + received blocks as a state of their own when they fit (they
         were used for the node either way); returns the evictions that made room."""
         n = len(blocks) * self.config.block_tokens
-        _, evicted = self.kept.store_state(blocks, Lineage("transfer"), f"{plan.state_id}:transfer", ids[:n])
+        _, evicted = self.kept.store_state(blocks, Lineage("transfer"), _transfer_state(plan.state_id), ids[:n])
         return evicted
+
+
+def _transfer_state(state_id: str) -> str:
+    """The state a node keeps of its own prefix plus the blocks it received, apart from its own."""
+    return f"{state_id}:transfer"

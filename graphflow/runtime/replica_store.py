@@ -127,11 +127,6 @@ class ReplicaStore:
             protect = self.held.needed_now()
             return [self.evict(sid) for sid in list(self.held) if sid not in protect]
 
-    def release(self, state_id: str) -> int:
-        with self.lock:
-            self.held.remove(state_id)
-            return self.store.release(state_id)
-
     def holdings(self) -> list[AdmitEvent]:
         """Every kept state, oldest first, as admits (what a restarted manager re-learns)."""
         with self.lock:

@@ -54,7 +54,7 @@ def test_clear_kv_keeps_a_state_a_ready_node_needs(client):
         assert [e.state_id for e in w.clear_kv()] == ["idle:ROOT"]
         assert list(w.kept.held) == ["needed:ROOT"]
     finally:
-        w.end_run("needed")
+        w.end_run("needed", ())
         w.clear_kv()
 
 

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from graphflow.kv.events import EvictEvent
+from graphflow.runtime.deliveries import RUNS_TRACKED, Deliveries, run_of
+from graphflow.runtime.errors import RunTimeout
+from graphflow.runtime.executor import WorkflowExecutor
+from graphflow.runtime.local import LocalCluster
+from graphflow.workflow.compile import compile_workflow
+from graphflow.workflow.shapes import fan_out_workflow
+from scheduler.cost import LinkSpec, PrefillModel
+from scheduler.policy import Policy
+
+
+def _ev(state: str, *keys: int) -> EvictEvent:
+    return EvictEvent("r0", keys, state)
+
+
+_TASK = "A train leaves at 9 and travels 60 km per hour. How far has it gone by noon? " * 8
+
+
+def test_run_of_a_state_id():
+    assert run_of("run-1:a0") == "run-1" and run_of("run-1:a0:transfer") == "run-1:a0"
+    assert run_of("upstream-7") == ""
+
+
+def test_undelivered_results_give_back_their_states_and_their_evictions_wait():
+    d = Deliveries()
+    d.sent("r1:a", ["r1:a"], [_ev("old", 1)])
+    d.sent("r1:b", ["r1:b", "r1:b:transfer"], [_ev("older", 2)])
+    d.sent("r1:c", [], [])
+    d.sent("upstream-1", ["upstream-1"], [_ev("x", 3)])  # of no run: never asked about
+    assert d.runs() == 1
+    assert d.end_run("r1", {"r1:a", "r1:c"}) == ["r1:b", "r1:b:transfer"]
+    assert d.take() == (_ev("older", 2),) and d.take() == ()
+    assert d.end_run("r1", ()) == [] and d.runs() == 0  # forgotten once ended
+
+
+def test_waiting_evictions_go_out_oldest_first_and_a_gone_client_s_run_is_forgotten():
+    d = Deliveries()
+    d.wait([_ev("a", 1)])
+    d.sent("r2:x", ["r2:x"], [_ev("b", 2)])
+    d.wait([_ev("c", 3)])
+    assert d.waiting() == 2 and d.take() == (_ev("a", 1), _ev("c", 3))
+    d.forget("r2")
+    assert d.end_run("r2", ()) == [] and d.waiting() == 0
+
+
+def test_only_the_latest_runs_are_tracked():
+    d = Deliveries()
+    for i in range(RUNS_TRACKED + 3):
+        d.sent(f"run-{i}:n", [f"run-{i}:n"], [])
+    assert d.runs() == RUNS_TRACKED
+    assert d.end_run("run-0", ()) == []  # the oldest were dropped
+    assert d.end_run(f"run-{RUNS_TRACKED + 2}", ()) == [f"run-{RUNS_TRACKED + 2}:n"]
+
+
+def test_what_a_late_node_changes_reaches_the_manager_and_what_it_keeps_does_not_stay(monkeypatch):
+    """A node still running when its run timed out ends on its replica later: it keeps nothing
+    (the manager would never hear of it), and the states it evicted to make room reach the
+    manager with the replica's next result, so the manager's view matches the store again."""
+    small = LocalCluster("tiny-llama", replicas=1, capacity_bytes=600_000)
+    try:
+        (w,) = small.workers.values()
+        pol = Policy(PrefillModel(0.0, 1e-4, 0.0))
+        ex = WorkflowExecutor(small, pol, LinkSpec("local", 1e3, 1e-5), w.kv_bytes_per_token(), w.model_key(), 6)
+        gs = compile_workflow(fan_out_workflow(2))
+
+        def agree() -> bool:
+            return small.manager("used_bytes", "replica-0") == w.store.used_bytes
+
+        ex.run(gs, w.encode(_TASK + "(first)"), "first")
+        assert agree() and w.store.used_bytes > 500_000  # the next run must evict to fit
+        slow = w.run_node
+        monkeypatch.setattr(w, "run_node", lambda plan: time.sleep(0.5) or slow(plan))
+        with pytest.raises(RunTimeout):
+            ex.run(gs, w.encode(_TASK + "(late)"), "late", timeout_s=0.3)
+        time.sleep(2.5)  # its first nodes end on the replica, evicting states of "first" to fit
+        assert not [s for s in w.kept.held if s.startswith("late:") and s != "late:ROOT"]
+        assert not agree() and w.deliveries.waiting() > 0  # evictions the manager has not heard of
+        monkeypatch.undo()
+        ex.run(gs, w.encode(_TASK + "(next)"), "next")
+        assert agree() and w.deliveries.waiting() == w.deliveries.runs() == 0
+        # a state released by hand: the manager hears of it with the next result too
+        assert w.release("next:join") > 0 and not agree() and w.deliveries.waiting() == 1
+        with pytest.raises(ValueError, match="replica-0 keeps no state 'next:join'; nothing released"):
+            w.release("next:join")
+        ex.run(gs, w.encode(_TASK + "(after)"), "after")
+        assert agree()
+        small.manager("check_integrity")
+    finally:
+        small.close()
