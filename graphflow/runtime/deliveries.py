@@ -53,6 +53,7 @@ class Deliveries:
     def __init__(self) -> None:
         self._sent: OrderedDict[str, dict[str, _Sent]] = OrderedDict()  # run → state id → what it told
         self._waiting: list[EvictEvent] = []
+        self.released = 0  # states released because their results never reached the manager
 
     def sent(self, state_id: str, kept: Iterable[str], evicted: Iterable[EvictEvent]) -> None:
         """A result for ``state_id`` was returned, announcing ``kept`` and ``evicted``. A state
@@ -81,9 +82,11 @@ class Deliveries:
         and its states stay as any cached state does)."""
         self._sent.pop(run_id, None)
 
-    def wait(self, evicted: Iterable[EvictEvent]) -> None:
-        """Evictions no returned result carries: the next result will."""
+    def wait(self, evicted: Iterable[EvictEvent], released: int = 0) -> None:
+        """Evictions no returned result carries: the next result will. ``released``: how many
+        of them released states whose results never reached the manager (counted)."""
         self._waiting += evicted
+        self.released += released
 
     def take(self) -> tuple[EvictEvent, ...]:
         """The waiting evictions, oldest first, for the result about to be returned."""

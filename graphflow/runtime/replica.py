@@ -238,7 +238,7 @@ class ReplicaWorker:
         with self._lock:
             self._held.end_run(run_id)
             lost = [s for s in self.deliveries.end_run(run_id, set(delivered)) if s in self._held]
-            self.deliveries.wait([self.kept.evict(s) for s in lost])
+            self.deliveries.wait([self.kept.evict(s) for s in lost], released=len(lost))
 
     def run_owners(self) -> set[str]:
         """The clients whose runs protect states here (the executors' ``Cluster.owner``)."""
@@ -336,6 +336,8 @@ class ReplicaWorker:
             shared_prefix_copies=self.nodes.prefixes.built,
             protected_states=len(self._held.needed_now()),
             abandoned_runs=self.abandoned_runs,
+            released_unread=self.deliveries.released,
+            evictions_waiting=self.deliveries.waiting(),
             cpu_s=time.process_time(),
             engine_busy_s=loop.busy_s if loop else 0.0,
             padded_rows=tuple(sorted(loop.padding.padded.items())) if loop and loop.padding else (),

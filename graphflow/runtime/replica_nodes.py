@@ -233,7 +233,7 @@ class NodeRunner:
         with self._lock:
             kept = [s for s in (state_id, _transfer_state(state_id)) if s in self.held]
             if self.held.ended(run_of(state_id)):
-                self.deliveries.wait([*evicted, *(self.kept.evict(s) for s in kept)])
+                self.deliveries.wait([*evicted, *(self.kept.evict(s) for s in kept)], released=len(kept))
                 return None, ()
             told = (*self.deliveries.take(), *evicted)
             self.deliveries.sent(state_id, kept, told)

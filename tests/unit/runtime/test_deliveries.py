@@ -43,8 +43,8 @@ def test_waiting_evictions_go_out_oldest_first_and_a_gone_client_s_run_is_forgot
     d = Deliveries()
     d.wait([_ev("a", 1)])
     d.sent("r2:x", ["r2:x"], [_ev("b", 2)])
-    d.wait([_ev("c", 3)])
-    assert d.waiting() == 2 and d.take() == (_ev("a", 1), _ev("c", 3))
+    d.wait([_ev("c", 3)], released=1)
+    assert d.waiting() == 2 and d.take() == (_ev("a", 1), _ev("c", 3)) and d.released == 1
     d.forget("r2")
     assert d.end_run("r2", ()) == [] and d.waiting() == 0
 
@@ -81,6 +81,8 @@ def test_what_a_late_node_changes_reaches_the_manager_and_what_it_keeps_does_not
         time.sleep(2.5)  # its first nodes end on the replica, evicting states of "first" to fit
         assert not [s for s in w.kept.held if s.startswith("late:") and s != "late:ROOT"]
         assert not agree() and w.deliveries.waiting() > 0  # evictions the manager has not heard of
+        (st,) = small.stats()
+        assert st.released_unread >= 1 and st.evictions_waiting == w.deliveries.waiting()
         monkeypatch.undo()
         ex.run(gs, w.encode(_TASK + "(next)"), "next")
         assert agree() and w.deliveries.waiting() == w.deliveries.runs() == 0
