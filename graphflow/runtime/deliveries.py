@@ -15,7 +15,8 @@ end_run(run, delivered) ─► for each sent state not delivered:
                               release what it kept; its evictions and the releases ─► waiting
 node finished after its run ended ─► keep nothing; its evictions and releases ─► waiting
 node failed ─► the evictions it made ─► waiting
-next result of any run ─► carries take() (waiting evictions), then its own events
+next result of any run ─► carries take() (waiting evictions of blocks it no longer
+                           holds), then its own events
 ```
 
 so every eviction reaches the manager, late, with the replica's next result, and what the manager
@@ -26,8 +27,8 @@ the manager may never have known (applying one is then a no-op).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, replace
 
 from graphflow.kv.events import EvictEvent
 
@@ -88,10 +89,17 @@ class Deliveries:
         self._waiting += evicted
         self.released += released
 
-    def take(self) -> tuple[EvictEvent, ...]:
-        """The waiting evictions, oldest first, for the result about to be returned."""
-        out, self._waiting = tuple(self._waiting), []
-        return out
+    def take(self, holds: Callable[[int], bool]) -> tuple[EvictEvent, ...]:
+        """The waiting evictions, oldest first, for the result about to be returned, less the
+        blocks the replica holds again (``holds(key)``): an eviction that waited may be older
+        than a delivered admit of the same block, and must not undo it."""
+        out: list[EvictEvent] = []
+        for ev in self._waiting:
+            gone = tuple(k for k in ev.keys if not holds(k))
+            if gone:
+                out.append(replace(ev, keys=gone) if len(gone) < len(ev.keys) else ev)
+        self._waiting = []
+        return tuple(out)
 
     def runs(self) -> int:
         """Runs with returned results remembered."""

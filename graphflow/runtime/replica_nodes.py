@@ -235,7 +235,7 @@ class NodeRunner:
             if self.held.ended(run_of(state_id)):
                 self.deliveries.wait([*evicted, *(self.kept.evict(s) for s in kept)], released=len(kept))
                 return None, ()
-            told = (*self.deliveries.take(), *evicted)
+            told = (*self.deliveries.take(self.kept.store.has_block), *evicted)
             self.deliveries.sent(state_id, kept, told)
             return admit, told
 
