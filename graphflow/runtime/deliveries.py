@@ -15,6 +15,7 @@ end_run(run, delivered) ─► for each sent state not delivered:
                               release what it kept; its evictions and the releases ─► waiting
 node finished after its run ended ─► keep nothing; its evictions and releases ─► waiting
 node failed ─► the evictions it made ─► waiting
+send found blocks gone ─► their eviction ─► waiting    (the manager listed them here)
 next result of any run ─► carries take() (waiting evictions of blocks it no longer
                            holds), then its own events
 ```

@@ -99,6 +99,7 @@ class ReplicaWorker:
         kwargs: dict[str, Any] = {"name": f"replica:{config.name}"} if config.transport in ("ray", "local") else {}
         self.transport: Transport = create(config.transport, TransportConfig(timeout_s=config.timeout_s), **kwargs)
         self.templates = _templates(self.engine, config)
+        self.deliveries = Deliveries()  # NOTE: under self._lock, as every store change
         self.sends = Sends(
             config.name,
             self.transport,
@@ -107,13 +108,13 @@ class ReplicaWorker:
             self.engine.identity.model_key,
             config.block_tokens,
             self.engine.kv_bytes_per_token() * config.block_tokens,
+            self.deliveries,
         )
         self.pool = ReceivePool(host_arena(), config.prefault_bytes, store, ARENA_RECYCLE_BYTES)
         self.batcher, self.batching_off = self._engine_loop(self.threads if one_parallel else 0)
         if one_parallel and self.batcher is None:  # no loop after all: every thread computes
             torch.set_num_threads(self.threads)
         self.compute = NodeCompute(self.engine, self.batcher, self.templates, self._lock, config.block_tokens)
-        self.deliveries = Deliveries()  # NOTE: under self._lock, as every store change
         self.nodes = NodeRunner(config, self.kept, held, self.compute, self.transport, self.pool, self.deliveries)
         self._active = 0  # node calls in this replica now (receiving, queued or running)
         self.planner = CheckpointPlanner()  # loaded at the first plan() call

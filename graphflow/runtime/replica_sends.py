@@ -14,9 +14,11 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from graphflow.kv.errors import MissingBlocks
+from graphflow.kv.events import EvictEvent
 from graphflow.kv.exchange import send_blocks
 from graphflow.kv.keys import chain_keys
 from graphflow.kv.store import BlockStore
+from graphflow.runtime.deliveries import Deliveries
 from transport.base import TransferSpec, Transport
 
 __all__ = ["FAULTS", "Sends"]
@@ -35,6 +37,8 @@ class Sends:
         model_key: the model whose block chain keys are looked up.
         block_tokens: tokens per block.
         block_bytes: bytes of one full block (the probe's block size).
+        deliveries: where a send that finds blocks gone records them, for the replica's next
+            result to tell the manager (which listed them here, or it would not have asked).
     """
 
     def __init__(
@@ -46,8 +50,10 @@ class Sends:
         model_key: str,
         block_tokens: int,
         block_bytes: int,
+        deliveries: Deliveries,
     ) -> None:
         self.name = name
+        self.deliveries = deliveries
         self.transport = transport
         self.store = store
         self.lock = lock
@@ -87,6 +93,7 @@ class Sends:
         with self.lock:
             missing = [k for k in keys if not self.store.has_block(k)]
             if missing:
+                self.deliveries.wait([EvictEvent(self.name, tuple(missing))])
                 raise MissingBlocks(f"replica {self.name} no longer holds {len(missing)} of the blocks asked for")
             blocks = [self.store.block(k) for k in keys]
         fault = self._faults.pop(0) if self._faults else ""

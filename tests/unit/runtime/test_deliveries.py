@@ -4,7 +4,9 @@ import time
 
 import pytest
 
+from graphflow.kv.errors import MissingBlocks
 from graphflow.kv.events import EvictEvent
+from graphflow.kv.keys import chain_keys
 from graphflow.runtime.deliveries import RUNS_TRACKED, Deliveries, run_of
 from graphflow.runtime.errors import RunTimeout
 from graphflow.runtime.executor import WorkflowExecutor
@@ -107,3 +109,25 @@ def test_what_a_late_node_changes_reaches_the_manager_and_what_it_keeps_does_not
         small.manager("check_integrity")
     finally:
         small.close()
+
+
+def test_a_send_that_finds_its_blocks_gone_tells_the_manager_with_the_next_result():
+    """The manager asked for blocks it lists on this replica; they are gone (an eviction it has
+    not heard of): the send fails, and the next result evicts them, so no later node plans that
+    transfer again."""
+    one = LocalCluster("tiny-llama", replicas=1)
+    try:
+        (w,) = one.workers.values()
+        ids = w.encode(_TASK + "(never stored here)")
+        with pytest.raises(MissingBlocks, match="replica-0 no longer holds"):
+            w.send_blocks(ids, 0, "nowhere", 1)
+        assert w.deliveries.waiting() == 1
+        got = w.materialize("m:ROOT", w.encode("Another context altogether. " * 10))
+        (gone,) = [e for e in got.events if isinstance(e, EvictEvent)]
+        bt = w.config.block_tokens
+        assert gone.replica == "replica-0" and gone.keys == tuple(
+            chain_keys(ids[: len(ids) // bt * bt], w.model_key(), bt)
+        )
+        assert w.deliveries.waiting() == 0
+    finally:
+        one.close()
