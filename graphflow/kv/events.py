@@ -72,11 +72,13 @@ class StateRecord:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class AdmitEvent:
-    """A replica stored ``blocks`` and registered ``state`` (whose block keys they cover)."""
+    """A replica stored ``blocks`` and registered ``state`` (whose block keys they cover);
+    ``stamp`` orders it among the replica's changes (``graphflow.kv.copy_order``; 0: unordered)."""
 
     replica: str
     record: StateRecord
     blocks: BlockBatch
+    stamp: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,7 @@ class EvictEvent:
     replica: str
     keys: tuple[int, ...]
     state_id: str = ""  # when a whole state was released
+    stamp: int = 0  # its order among the replica's changes (graphflow.kv.copy_order; 0: unordered)
 
 
 @dataclass(frozen=True, slots=True)

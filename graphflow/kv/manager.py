@@ -31,6 +31,7 @@ import numpy as np
 
 from graphflow.kv.catalog import Catalog
 from graphflow.kv.copies import evict_copies, locate, longest_prefix, record_copies, rows_on, validate_blocks
+from graphflow.kv.copy_order import CopyOrder
 from graphflow.kv.events import (
     AdmitEvent,
     EvictEvent,
@@ -102,6 +103,7 @@ class KVStateManager:
         self._hits: dict[str, int] = {}
         self._hit_tokens: dict[str, int] = {}
         self._templates: dict[str, tuple[TemplateHolding, ...]] = {}  # replica → what it can rebuild
+        self._order = CopyOrder()  # NOTE: in memory only; a restarted manager resyncs from the replicas
         self._pacer: SnapshotPacer | None = None
 
     # ---- snapshots (graphflow.kv.manager_snapshot) ---------------------------------------
@@ -159,6 +161,11 @@ class KVStateManager:
         """Forget a replica that died: every block copy it held is marked gone (pins and leases
         included: the bytes no longer exist); states keep their lineage, so they can be rebuilt.
         Returns the number of block copies dropped."""
+        dropped = self._drop(name)
+        self._order.forget(name)
+        return dropped
+
+    def _drop(self, name: str) -> int:
         self.replica(name)
         code = self.catalog.replica_code(name, create=False)
         rows = np.flatnonzero(self.catalog.col("alive") & (self.catalog.col("replica") == code))
@@ -173,13 +180,13 @@ class KVStateManager:
         a state the snapshot already knows only gets its block copies back, and lineage
         parents the manager never heard of are left out. Returns the states reported."""
         if info.name in self._replicas:
-            self.drop_replica(info.name)
+            self._drop(info.name)  # NOTE: the order kept: a stale change arriving later must not undo these admits
         self.add_replica(info)
         for ev in admits:
             state = ev.record.state
             if state.state_id in self._states:
                 validate_blocks(self.catalog, ev.blocks)
-                record_copies(self.catalog, ev.blocks, now_s)
+                self._record(ev, now_s)
                 continue
             known = tuple(p for p in state.lineage.parents if p in self._states)
             if known != state.lineage.parents:
@@ -204,7 +211,10 @@ class KVStateManager:
                 self.replica(ev.replica)
                 self._templates[ev.replica] = tuple(ev.holdings)
             else:
-                evict_copies(self.catalog, ev.replica, ev.keys)
+                newer = self._order.newer(ev.replica, ev.keys, ev.stamp)  # NOTE: those stay as they are
+                keys = [k for k in ev.keys if k not in newer]
+                evict_copies(self.catalog, ev.replica, keys)
+                self._order.applied(ev.replica, keys, ev.stamp, held=False)
         self._maybe_snapshot()
 
     def templates_for(self, op: str, path: tuple[str, ...], version: str) -> tuple[tuple[str, TemplateHolding], ...]:
@@ -230,7 +240,7 @@ class KVStateManager:
                 # NOTE: the same admit delivered again (a replica resynced after a manager restart
                 # already reported it): record the copies, change nothing else
                 validate_blocks(self.catalog, batch)
-                record_copies(self.catalog, batch, now_s)
+                self._record(ev, now_s)
                 return
             raise ValueError(f"state {state.state_id!r} is already registered with other contents; use a new id")
         unknown = [p for p in state.lineage.parents if p not in self._states]
@@ -241,8 +251,19 @@ class KVStateManager:
         missing = outside[self.catalog.rows_of_many(outside) < 0]
         if len(missing):
             raise ValueError(f"state {state.state_id!r} references {len(missing)} blocks that were never admitted")
-        record_copies(self.catalog, batch, now_s)
+        self._record(ev, now_s)
         self._states.add(ev.record)
+
+    def _record(self, ev: AdmitEvent, now_s: float) -> None:
+        """Record a validated admit's block copies; those a newer change already evicted are
+        recorded gone (``graphflow.kv.copy_order``: the admit arrived after it)."""
+        keys = [int(k) for k in ev.blocks.key.astype(np.uint64)]
+        record_copies(self.catalog, ev.blocks, now_s)
+        newer = self._order.newer(ev.replica, keys, ev.stamp)
+        gone = [k for k, held in newer.items() if not held]
+        if gone:
+            evict_copies(self.catalog, ev.replica, gone)
+        self._order.applied(ev.replica, [k for k in keys if k not in newer], ev.stamp, held=True)
 
     def state_ids(self) -> list[str]:
         """The states whose records it keeps, in admission order."""

@@ -109,6 +109,7 @@ class ReplicaWorker:
             config.block_tokens,
             self.engine.kv_bytes_per_token() * config.block_tokens,
             self.deliveries,
+            self.kept.stamp,
         )
         self.pool = ReceivePool(host_arena(), config.prefault_bytes, store, ARENA_RECYCLE_BYTES)
         self.batcher, self.batching_off = self._engine_loop(self.threads if one_parallel else 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -39,6 +39,7 @@ class Sends:
         block_bytes: bytes of one full block (the probe's block size).
         deliveries: where a send that finds blocks gone records them, for the replica's next
             result to tell the manager (which listed them here, or it would not have asked).
+        stamp: the replica's change stamps (``graphflow.kv.copy_order``), called under ``lock``.
     """
 
     def __init__(
@@ -51,9 +52,11 @@ class Sends:
         block_tokens: int,
         block_bytes: int,
         deliveries: Deliveries,
+        stamp: Callable[[], int],
     ) -> None:
         self.name = name
         self.deliveries = deliveries
+        self.stamp = stamp
         self.transport = transport
         self.store = store
         self.lock = lock
@@ -93,7 +96,7 @@ class Sends:
         with self.lock:
             missing = [k for k in keys if not self.store.has_block(k)]
             if missing:
-                self.deliveries.wait([EvictEvent(self.name, tuple(missing))])
+                self.deliveries.wait([EvictEvent(self.name, tuple(missing), stamp=self.stamp())])
                 raise MissingBlocks(f"replica {self.name} no longer holds {len(missing)} of the blocks asked for")
             blocks = [self.store.block(k) for k in keys]
         fault = self._faults.pop(0) if self._faults else ""

@@ -3,8 +3,10 @@
 Adding a state evicts others when it does not fit, lowest eviction score first
 (``runtime.kept``), never a state a ready node needs; a stored block is verified before it is
 reused or shared, and a corrupt one takes every state holding it with it. Each change comes
-back as the manager's events (admits, evictions). The replica runs several calls at once:
-every method here holds ``lock`` (re-entrant, so a caller may hold it around several).
+back as the manager's events (admits, evictions), stamped in the order they happened
+(``graphflow.kv.copy_order``: results reach the manager in any order). The replica runs
+several calls at once: every method here holds ``lock`` (re-entrant, so a caller may hold it
+around several).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphflow.kv.block import KVBlock
+from graphflow.kv.copy_order import Stamps
 from graphflow.kv.errors import ChecksumMismatch
 from graphflow.kv.keys import chain_keys
 from graphflow.kv.manager import AdmitEvent, EvictEvent, StateRecord, batch_from_blocks
@@ -33,6 +36,7 @@ class ReplicaStore:
         self.model_key = model_key
         self.block_tokens = block_tokens
         self.lock = threading.RLock()
+        self.stamp = Stamps()  # NOTE: called under lock, so stamps follow the order of the changes
 
     def store_state(
         self, computed: list[Any], lineage: Lineage, state_id: str, tokens: Sequence[int]
@@ -80,13 +84,13 @@ class ReplicaStore:
         blocks = self.store.blocks(state_id)
         unique = list({b.key: b for b in blocks}.values())
         record = StateRecord.of(self.store.state(state_id), tokens)
-        return AdmitEvent(self.replica, record, batch_from_blocks(unique, self.replica, state_id))
+        return AdmitEvent(self.replica, record, batch_from_blocks(unique, self.replica, state_id), self.stamp())
 
     def evict(self, state_id: str) -> EvictEvent:
         self.held.remove(state_id)
         freed = tuple(k for k in self.store.state(state_id).block_keys if self.store.refcount(k) == 1)
         evict_state(self.store, state_id)
-        return EvictEvent(self.replica, freed, state_id)
+        return EvictEvent(self.replica, freed, state_id, self.stamp())
 
     def local_prefix(self, ids: list[int], limit: int, leave: int = 1) -> tuple[list[KVBlock], list[EvictEvent]]:
         """Leading full blocks of ``ids[:limit]`` this store holds, leaving ≥ ``leave`` tokens

@@ -366,3 +366,28 @@ def test_template_holdings_are_reported_and_looked_up(mgr):
     assert dict(look.templates) == {"r0": res, "r1": base}
     mgr.drop_replica("r0")
     assert dict(mgr.templates_for("REVIEW", ("SOLVE",), "v1")) == {"r1": base}
+
+
+def test_changes_of_one_replica_applied_out_of_order_leave_its_copies_as_they_are():
+    """Results reach the manager in the order clients collect them: an eviction applied before
+    the older admit it follows must not leave the block listed, nor an older eviction applied
+    after a newer admit hide a block the replica holds (``graphflow.kv.copy_order``)."""
+    from dataclasses import replace
+
+    m = KVStateManager(block_tokens=BT)
+    m.add_replica(ReplicaInfo("r0", node="n0", budget_bytes=10 * NB))
+    a = replace(_event("r0", "a", list(range(8))), stamp=10)
+    keys = list(a.record.state.block_keys)
+    m.apply([EvictEvent("r0", tuple(keys), "a", stamp=11)], 0.0)  # the eviction comes first
+    m.apply([a], 0.0)
+    assert m.locate(keys[0]) == [] and m.state_ids() == ["a"]  # recorded, but gone from r0
+    b = replace(_event("r0", "b", list(range(8))), stamp=20)  # stored again, then ...
+    m.apply([b], 0.0)
+    m.apply([EvictEvent("r0", tuple(keys), "a", stamp=15)], 0.0)  # ... an older eviction arrives
+    assert m.locate(keys[0]) == ["r0"]
+    m.apply([replace(_event("r0", "c", list(range(8))), stamp=18)], 0.0)  # an older admit: nothing to undo
+    assert m.locate(keys[1]) == ["r0"]
+    m.apply([EvictEvent("r0", tuple(keys), "b", stamp=21)], 0.0)  # newer: applied
+    assert m.locate(keys[0]) == []
+    m.apply([EvictEvent("r0", (keys[0],), "", stamp=0)], 0.0)  # unstamped: applied as it comes
+    m.check_integrity()

@@ -129,5 +129,7 @@ def test_a_send_that_finds_its_blocks_gone_tells_the_manager_with_the_next_resul
             chain_keys(ids[: len(ids) // bt * bt], w.model_key(), bt)
         )
         assert w.deliveries.waiting() == 0
+        stamps = [e.stamp for e in got.events]  # in the order the changes happened (graphflow.kv.copy_order)
+        assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps) and stamps[0] > 0
     finally:
         one.close()

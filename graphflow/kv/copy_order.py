@@ -1,0 +1,91 @@
+"""The order of a replica's store changes, so the manager never applies an older one over a newer.
+
+A replica's admits and evictions reach the manager inside node results, and each client applies
+the results it collects when it collects them: two results of one replica, collected by two
+runs (or two clients), can arrive in the other order. Applied as they arrive, an eviction of a
+block applied before the older admit that stored it leaves the manager listing a block the
+replica no longer holds (later runs then plan reuse and transfers of it), and an older eviction
+applied after a newer admit of the same block hides a block the replica holds.
+
+So the replica stamps every change with a number that only grows (:class:`Stamps`: nanoseconds
+of the wall clock, one more than the last when the clock has not moved), and the manager
+remembers, per replica, the stamp of the last change it applied to each recently changed block
+and whether it left the block there (:class:`CopyOrder`). A change older than that one is not
+applied to that block: an older eviction is skipped, and an older admit of a block evicted since
+records it as gone. Only the last :data:`KEYS_REMEMBERED` blocks changed on a replica are
+remembered: results come back milliseconds apart, far inside that window. A change stamped 0
+(from code that does not stamp) is applied as it arrives. A stamp is the wall clock's, so a
+replica restarted under the same name counts on from where it was (unless the clock was set
+back meanwhile).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+__all__ = ["KEYS_REMEMBERED", "CopyOrder", "Stamps"]
+
+KEYS_REMEMBERED = 1 << 16  # blocks per replica whose last applied change the manager remembers
+
+
+class Stamps:
+    """A replica's change stamps: each call returns a number larger than every one before.
+
+    Args:
+        clock_ns: nanoseconds of a clock that survives restarts (the wall clock).
+    """
+
+    def __init__(self, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self.clock_ns = clock_ns
+        self._last = 0
+
+    def __call__(self) -> int:
+        self._last = max(self._last + 1, self.clock_ns())
+        return self._last
+
+
+class CopyOrder:
+    """Per replica, the stamp of the last change applied to each recently changed block."""
+
+    def __init__(self, keys_remembered: int = KEYS_REMEMBERED) -> None:
+        if keys_remembered < 1:
+            raise ValueError(f"keys_remembered must be 1 or more, got {keys_remembered}")
+        self.keys_remembered = keys_remembered
+        self._last: dict[str, OrderedDict[int, tuple[int, bool]]] = {}  # replica → key → (stamp, held)
+
+    def newer(self, replica: str, keys: Iterable[int], stamp: int) -> dict[int, bool]:
+        """The ``keys`` of which a change newer than ``stamp`` was already applied on ``replica``,
+        each with whether that change left the block there (none when ``stamp`` is 0: an
+        unstamped change is applied as it comes)."""
+        seen = self._last.get(replica)
+        if not stamp or not seen:
+            return {}
+        out: dict[int, bool] = {}
+        for k in keys:
+            last = seen.get(k)
+            if last is not None and last[0] > stamp:
+                out[k] = last[1]
+        return out
+
+    def applied(self, replica: str, keys: Iterable[int], stamp: int, held: bool) -> None:
+        """A change stamped ``stamp`` was applied to ``keys`` on ``replica``, leaving them there
+        (``held``: an admit) or not (an eviction)."""
+        if not stamp:
+            return
+        seen = self._last.setdefault(replica, OrderedDict())
+        for k in keys:
+            last = seen.get(k)
+            if last is None or last[0] < stamp:
+                seen[k] = (stamp, held)
+                seen.move_to_end(k)
+        while len(seen) > self.keys_remembered:
+            seen.popitem(last=False)
+
+    def forget(self, replica: str) -> None:
+        """``replica`` was dropped or resynced: what the manager holds for it starts anew."""
+        self._last.pop(replica, None)
+
+    def remembered(self, replica: str) -> int:
+        return len(self._last.get(replica, ()))
