@@ -1,0 +1,49 @@
+"""The manager's view of a served deployment under load: two clients at once, a KV budget small
+enough that replicas evict all the time; once they are done, the manager lists exactly the block
+copies the replicas hold (results reach it in the order clients collect them, not the order the
+replicas made the changes: ``graphflow.kv.copy_order``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from graphflow.runtime.cluster import ray_exe
+from tests.integration.helpers.cli import ENV
+from tests.integration.helpers.cli import cli as _cli
+from tests.integration.helpers.cli import last_json as _last_json
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+CLIENT = ("submit", "--address", "ray://127.0.0.1:10001", "--concurrency", "4", "--decode", "8", "--tasks-file")
+
+
+def test_two_clients_under_eviction_leave_the_manager_listing_what_the_replicas_hold(tmp_path):
+    subprocess.run([ray_exe(), "stop", "--force"], capture_output=True)  # a clean slate if an earlier run left Ray
+    base = "A train leaves at 9 and travels 60 km per hour. How far has it gone by noon? " * 4
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(f"{base} Variant {i % 5}: show step {i}.\n" for i in range(24)))
+    _cli("serve", "--model", "tiny-llama", "--capacity-mib", "1", "--detach", "--json")
+    try:
+        clients = [
+            subprocess.Popen(
+                [sys.executable, "-m", "graphflow.cli", *CLIENT, str(tasks)],
+                env=ENV,
+                text=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            for _ in range(2)
+        ]
+        for c in clients:
+            _, err = c.communicate(timeout=300)
+            assert c.returncode == 0, err[-3000:]
+        status = _last_json(_cli("status", "--json"))
+        held = sum(r["blocks"] for r in status["replicas"])
+        manager = status["manager"]
+        assert manager["catalog_rows"] > manager["live_copies"]  # replicas evicted: the budget was tight
+        assert manager["live_copies"] == held, (manager, [r["blocks"] for r in status["replicas"]])
+    finally:
+        _cli("shutdown", "--json", check=False)
