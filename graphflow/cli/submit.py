@@ -268,13 +268,19 @@ def status_tables(stats: Sequence[ReplicaStats]) -> list[Table]:
     return [replicas, kv, *([routes] if routes.rows else [])]
 
 
-def manager_line(held: ManagerStats) -> str:
+def manager_line(held: ManagerStats, stats: Sequence[ReplicaStats]) -> str:
     """``graphflow status``'s line about the KV manager (abandoned: runs it ended because their
-    client was gone; ended: runs whose records it still keeps a while)."""
+    client was gone; ended: runs whose records it still keeps a while), beside the blocks the
+    replicas ``stats`` hold: once no run is going and no eviction waits, the two counts agree."""
     snap = f"last snapshot {held.snapshot_s:.3f} s" if held.snapshot_s else "no snapshot yet"
+    waiting = sum(s.evictions_waiting for s in stats)
+    held_here = f"the replicas hold {sum(s.blocks for s in stats)}" + (
+        f", {waiting} evictions waiting for a result" if waiting else ""
+    )
     return (
-        f"manager: {held.records} state records, {held.catalog_rows} catalog rows ({held.live_copies} live); "
-        f"runs {held.running_runs} running, {held.ended_runs} ended, {held.abandoned_runs} abandoned; {snap}"
+        f"manager: {held.records} state records, {held.catalog_rows} catalog rows ({held.live_copies} live; "
+        f"{held_here}); runs {held.running_runs} running, {held.ended_runs} ended, {held.abandoned_runs} "
+        f"abandoned; {snap}"
     )
 
 
@@ -306,7 +312,7 @@ def status(
         out.print(f"serving over {', '.join(sorted({s.transport for s in stats})) or 'no replica'}")
     for table in status_tables(stats):
         out.print(table)
-    out.print(manager_line(held))
+    out.print(manager_line(held, stats))
     gone = [n.host or n.node[:12] for n in nodes if not n.alive]
     if cluster.lost or gone:
         out.print(f"lost replicas: {', '.join(cluster.lost) or 'none'}; dead nodes: {', '.join(gone) or 'none'}")

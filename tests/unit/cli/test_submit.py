@@ -95,15 +95,25 @@ def test_submit_without_a_task_says_what_to_give():
 
 
 def test_the_manager_line_says_what_it_holds_and_how_its_runs_stand():
+    from dataclasses import fields
+
     from graphflow.cli.submit import manager_line
     from graphflow.kv.events import ManagerStats
+    from graphflow.runtime.stats import ReplicaStats
 
-    line = manager_line(ManagerStats(600, 11_400, 2_660, 3, 120, 2, 0.0125))
+    zero = {f.name: 0 for f in fields(ReplicaStats) if f.type in ("int", int)}
+    text = {f.name: "" for f in fields(ReplicaStats) if f.type in ("str", str)}
+    stats = [ReplicaStats(**{**zero, "blocks": 1_330}, **text, batching=True) for _ in range(2)]
+    line = manager_line(ManagerStats(600, 11_400, 2_660, 3, 120, 2, 0.0125), stats)
     assert line == (
-        "manager: 600 state records, 11400 catalog rows (2660 live); runs 3 running, 120 ended, 2 abandoned; "
-        "last snapshot 0.013 s"
+        "manager: 600 state records, 11400 catalog rows (2660 live; the replicas hold 2660); runs 3 running, "
+        "120 ended, 2 abandoned; last snapshot 0.013 s"
     )
-    assert manager_line(ManagerStats()).endswith("; no snapshot yet")
+    late = [stats[0], ReplicaStats(**{**zero, "blocks": 1_300, "evictions_waiting": 2}, **text, batching=True)]
+    assert "(2660 live; the replicas hold 2630, 2 evictions waiting for a result)" in manager_line(
+        ManagerStats(600, 11_400, 2_660), late
+    )
+    assert manager_line(ManagerStats(), []).endswith("; no snapshot yet")
 
 
 def test_a_tasks_file_with_a_refused_task_prints_every_outcome_and_exits_1(tmp_path, monkeypatch):
