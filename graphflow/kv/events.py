@@ -105,10 +105,12 @@ class TemplateHolding:
 
 @dataclass(frozen=True, slots=True)
 class TemplateEvent:
-    """Everything a replica can rebuild now (replaces what it reported before)."""
+    """Everything a replica can rebuild now (replaces what it reported before, unless ``stamp``
+    says that report is newer: ``graphflow.kv.copy_order``; 0: unordered, always applied)."""
 
     replica: str
     holdings: tuple[TemplateHolding, ...]
+    stamp: int = 0
 
 
 @dataclass(frozen=True, slots=True)

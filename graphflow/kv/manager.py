@@ -103,6 +103,7 @@ class KVStateManager:
         self._hits: dict[str, int] = {}
         self._hit_tokens: dict[str, int] = {}
         self._templates: dict[str, tuple[TemplateHolding, ...]] = {}  # replica → what it can rebuild
+        self._template_stamps: dict[str, int] = {}  # replica → stamp of the templates report applied
         self._order = CopyOrder()  # NOTE: in memory only; a restarted manager resyncs from the replicas
         self._pacer: SnapshotPacer | None = None
 
@@ -163,6 +164,7 @@ class KVStateManager:
         Returns the number of block copies dropped."""
         dropped = self._drop(name)
         self._order.forget(name)
+        self._template_stamps.pop(name, None)
         return dropped
 
     def _drop(self, name: str) -> int:
@@ -209,6 +211,9 @@ class KVStateManager:
                 self._admit(ev, now_s)
             elif isinstance(ev, TemplateEvent):
                 self.replica(ev.replica)
+                if ev.stamp and ev.stamp < self._template_stamps.get(ev.replica, 0):
+                    continue  # NOTE: a newer report of this replica's templates was applied already
+                self._template_stamps[ev.replica] = max(ev.stamp, self._template_stamps.get(ev.replica, 0))
                 self._templates[ev.replica] = tuple(ev.holdings)
             else:
                 newer = self._order.newer(ev.replica, ev.keys, ev.stamp)  # NOTE: those stay as they are

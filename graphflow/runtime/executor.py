@@ -331,7 +331,7 @@ class WorkflowExecutor:
     def _report(self, res: NodeResult) -> None:
         events: list[Any] = [*res.evicted, *([res.admit] if res.admit is not None else [])]
         if res.templates:
-            events.append(TemplateEvent(res.replica, res.templates))
+            events.append(TemplateEvent(res.replica, res.templates, res.templates_stamp))
         self.cluster.manager("apply", events, self.clock())
         self._applied(res.state_id)
 

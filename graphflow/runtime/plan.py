@@ -99,6 +99,7 @@ class NodeResult:
     evicted: tuple[EvictEvent, ...] = field(default=(), compare=False)  # states dropped to make room
     rebuilt_tokens: int = 0  # template tokens not prefilled in order (base + residual; counts a recomputed head)
     templates: tuple[TemplateHolding, ...] = field(default=(), compare=False)  # what the replica can rebuild now
+    templates_stamp: int = field(default=0, compare=False)  # when, among its changes (graphflow.kv.copy_order)
     note: str = ""  # where the replica could not do what the plan said, what it did instead
     phases: tuple[tuple[str, float], ...] = field(default=(), compare=False)  # (phase, seconds), in order
 

@@ -94,7 +94,10 @@ class NodeRunner:
             if hi > lo:  # NOTE: also when it failed: nodes waiting for these blocks then prefill them
                 self._arrivals.landed(plan.tokens[:hi])
         admit, told = self._hand_over(plan.state_id, res.admit, res.evicted)
-        return replace(res, admit=admit, evicted=told)
+        with self._lock:  # NOTE: stamped as taken, so the manager keeps the latest of these reports
+            templates = self.compute.templates.holdings() if self.compute.templates else ()
+            stamp = self.kept.stamp()
+        return replace(res, admit=admit, evicted=told, templates=templates, templates_stamp=stamp)
 
     def _run(self, plan: NodePlan, n_tmpl: int, evicted: list[EvictEvent]) -> NodeResult:
         """The node itself; ``evicted`` gathers the evictions it makes as it goes."""
@@ -164,7 +167,6 @@ class NodeRunner:
             admit=admit,
             evicted=tuple(evicted),
             rebuilt_tokens=rebuilt,
-            templates=self.compute.templates.holdings() if self.compute.templates else (),
             note="; ".join(notes),
             phases=tuple((name, t - prev) for (_, prev), (name, t) in zip([("", start), *marks], marks, strict=False)),
         )

@@ -391,3 +391,14 @@ def test_changes_of_one_replica_applied_out_of_order_leave_its_copies_as_they_ar
     assert m.locate(keys[0]) == []
     m.apply([EvictEvent("r0", (keys[0],), "", stamp=0)], 0.0)  # unstamped: applied as it comes
     m.check_integrity()
+
+
+def test_an_older_report_of_a_replica_s_templates_does_not_replace_a_newer_one(mgr):
+    from graphflow.kv.events import TemplateEvent, TemplateHolding
+
+    old = TemplateHolding("REVIEW", None, "v1", 20, 9000)
+    new = TemplateHolding("REVIEW", ("SOLVE",), "v1", 20, 4096, 12)
+    mgr.apply([TemplateEvent("r0", (new,), stamp=20), TemplateEvent("r0", (old,), stamp=10)], 0.0)
+    assert mgr.templates_for("REVIEW", ("SOLVE",), "v1") == (("r0", new),)
+    mgr.apply([TemplateEvent("r0", (old,))], 0.0)  # unstamped (a resync): applied as it comes
+    assert mgr.templates_for("REVIEW", ("SOLVE",), "v1") == (("r0", old),)
