@@ -13,7 +13,8 @@ already held.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -84,11 +85,8 @@ class NodeRunner:
         self._check_length(len(plan.tokens) + plan.decode_steps)
         evicted: list[EvictEvent] = []
         try:
-            res = self._run(plan, n_tmpl, evicted)
-        except BaseException:
-            with self._lock:
-                self.deliveries.wait(evicted)  # NOTE: no result will carry them
-            raise
+            with self._failing_waits(evicted):
+                res = self._run(plan, n_tmpl, evicted)
         finally:
             lo, hi = plan.receive
             if hi > lo:  # NOTE: also when it failed: nodes waiting for these blocks then prefill them
@@ -210,20 +208,27 @@ class NodeRunner:
         begin = time.perf_counter()
         local, evicted = self.kept.local_prefix(ids, len(ids), leave=0)
         cached = len(local) * self.config.block_tokens
-        try:
-            with self.pool.computing(self._kv_bytes(len(ids) - (cached if self.batcher is not None else 0))):
-                # held whole (computed upstream, or submitted again): nothing to run
-                blocks = local if cached == len(ids) else self._prefill_context(ids, local)
-                admit, more = self.kept.store_state(blocks, Lineage("materialize"), state_id, ids)
-        except BaseException:
-            with self._lock:
-                self.deliveries.wait(evicted)  # NOTE: no result will carry them
-            raise
+        computing = self.pool.computing(self._kv_bytes(len(ids) - (cached if self.batcher is not None else 0)))
+        with self._failing_waits(evicted), computing:
+            # held whole (computed upstream, or submitted again): nothing to run
+            blocks = local if cached == len(ids) else self._prefill_context(ids, local)
+            admit, more = self.kept.store_state(blocks, Lineage("materialize"), state_id, ids)
         seconds = time.perf_counter() - begin
         kept = admit is not None
         admit, told = self._hand_over(state_id, admit, (*evicted, *more))
         events: tuple[AdmitEvent | EvictEvent, ...] = (*told, *([admit] if admit else []))
         return MaterializeResult(self.config.name, len(ids), seconds, kept, events, reused=cached)
+
+    @contextmanager
+    def _failing_waits(self, evicted: list[EvictEvent]) -> Iterator[None]:
+        """Should the call fail, the evictions it made (``evicted``, as gathered so far) wait for
+        the replica's next result: no result of this call will carry them."""
+        try:
+            yield
+        except BaseException:
+            with self._lock:
+                self.deliveries.wait(evicted)
+            raise
 
     def _hand_over(
         self, state_id: str, admit: AdmitEvent | None, evicted: Sequence[EvictEvent]
