@@ -117,8 +117,9 @@ class WorkflowExecutor:
 
         However the run ends, every replica is told so (``end_run``, with the states whose
         results reached the manager): the states it protected for this run's ready nodes are
-        evictable again, and what results nobody collected kept is released. The manager learns the run's client when
-        it begins (``begin_run``), so a run whose client dies mid-run is ended all the same."""
+        evictable again, and what results nobody collected kept is released. The manager learns
+        the run's client when it begins (``begin_run``), so a run whose client dies mid-run is
+        ended all the same."""
         deadline = Deadline(timeout_s, len(gs.nodes), time.monotonic() if since is None else since)
         try:
             if self.cluster.owner:
