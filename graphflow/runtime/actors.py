@@ -18,7 +18,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from graphflow.kv.events import TemplateEvent
 from graphflow.runtime.actor_names import BOARD_NAME, CLIENT_GROUP, MANAGER_NAME, NAMESPACE, STATUS_GROUP
 from graphflow.runtime.deployment import TRANSPORTS, Deployment, gpu_shortfall, replica_threads
 from graphflow.runtime.errors import Unavailable, load_or_why
@@ -362,9 +361,9 @@ class RayCluster:
                 self.handles.pop(name, None)
                 continue
             reported += ray.get(self._manager.resync_replica.remote(info, held, time.time()))
-            templates = ray.get(self.handles[name].template_holdings.remote())
-            if templates:  # what it can rebuild: not in the snapshot, re-reported like its holdings
-                ray.get(self._manager.apply.remote([TemplateEvent(name, templates)], time.time()))
+            report = ray.get(self.handles[name].template_report.remote())
+            if report.holdings:  # what it can rebuild: not in the snapshot, re-reported like its holdings
+                ray.get(self._manager.apply.remote([report], time.time()))
         if snapshot_dir:
             ray.get(self._manager.enable_snapshots.remote(snapshot_dir))
         return reported

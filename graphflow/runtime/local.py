@@ -7,7 +7,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import KVStateManager
 from graphflow.runtime.errors import load_or_why
 from graphflow.runtime.replica import ReplicaWorker
@@ -97,7 +96,7 @@ class LocalCluster:
         reported = sum(
             manager.resync_replica(self.workers[r].info(), self.workers[r].holdings(), time.time()) for r in live
         )
-        manager.apply([TemplateEvent(r, self.workers[r].template_holdings()) for r in live], time.time())
+        manager.apply([self.workers[r].template_report() for r in live], time.time())
         if self.snapshot_dir:
             manager.enable_snapshots(self.snapshot_dir)
         self._manager = manager

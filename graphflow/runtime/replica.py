@@ -35,6 +35,7 @@ import torch
 from graphflow.kv.differential.codecs import ResidualCodec
 from graphflow.kv.differential.modes import KVMode, TemplateStats, kv_mode
 from graphflow.kv.differential.template_kv import TemplateKV
+from graphflow.kv.events import TemplateEvent
 from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo
 from graphflow.kv.state import Placement
 from graphflow.kv.store import BlockStore
@@ -289,9 +290,10 @@ class ReplicaWorker:
         re-learns the replica's contents from these."""
         return self.kept.holdings()
 
-    def template_holdings(self) -> tuple[Any, ...]:
-        """What this replica can rebuild from base (+ residual) now (see ``TemplateHolding``)."""
-        return self.templates.holdings() if self.templates else ()
+    def template_report(self) -> TemplateEvent:
+        """What this replica can rebuild from base (+ residual) now (see ``TemplateHolding``), as
+        the manager's event, stamped when taken (a restarted manager re-learns it from this)."""
+        return self.nodes.template_report()
 
     def queue_length(self) -> int:
         """Node calls in this replica now (receiving, queued in the engine loop or running): what

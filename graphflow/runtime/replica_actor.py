@@ -49,7 +49,7 @@ WORKER_METHODS = (
     "run_node",
     "run_owners",
     "send_blocks",
-    "template_holdings",
+    "template_report",
 )
 STATUS_METHODS = ("queue_length", "stats", "end_run", "cancel_receive")  # cancel: the node it frees holds a thread
 # a client's own calls (its attach, its task's tokens and plan, operation texts, decoded outputs) on the

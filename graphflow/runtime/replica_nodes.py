@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from graphflow.kv.block import KVBlock
+from graphflow.kv.events import TemplateEvent
 from graphflow.kv.exchange import receive_blocks, spec_for_prompt
 from graphflow.kv.manager import AdmitEvent, EvictEvent
 from graphflow.kv.state import Lineage
@@ -92,10 +93,8 @@ class NodeRunner:
             if hi > lo:  # NOTE: also when it failed: nodes waiting for these blocks then prefill them
                 self._arrivals.landed(plan.tokens[:hi])
         admit, told = self._hand_over(plan.state_id, res.admit, res.evicted)
-        with self._lock:  # NOTE: stamped as taken, so the manager keeps the latest of these reports
-            templates = self.compute.templates.holdings() if self.compute.templates else ()
-            stamp = self.kept.stamp()
-        return replace(res, admit=admit, evicted=told, templates=templates, templates_stamp=stamp)
+        report = self.template_report()
+        return replace(res, admit=admit, evicted=told, templates=report.holdings, templates_stamp=report.stamp)
 
     def _run(self, plan: NodePlan, n_tmpl: int, evicted: list[EvictEvent]) -> NodeResult:
         """The node itself; ``evicted`` gathers the evictions it makes as it goes."""
@@ -218,6 +217,13 @@ class NodeRunner:
         admit, told = self._hand_over(state_id, admit, (*evicted, *more))
         events: tuple[AdmitEvent | EvictEvent, ...] = (*told, *([admit] if admit else []))
         return MaterializeResult(self.config.name, len(ids), seconds, kept, events, reused=cached)
+
+    def template_report(self) -> TemplateEvent:
+        """What the replica can rebuild from base (+ residual) now, stamped as taken (under the
+        store lock), so the manager keeps the latest of these reports (``graphflow.kv.copy_order``)."""
+        with self._lock:
+            holdings = self.compute.templates.holdings() if self.compute.templates else ()
+            return TemplateEvent(self.config.name, holdings, self.kept.stamp())
 
     @contextmanager
     def _failing_waits(self, evicted: list[EvictEvent]) -> Iterator[None]:
