@@ -84,7 +84,8 @@ class CopyOrder:
             seen.popitem(last=False)
 
     def forget(self, replica: str) -> None:
-        """``replica`` was dropped or resynced: what the manager holds for it starts anew."""
+        """``replica`` was dropped (it died): what the manager holds for it starts anew. A resync
+        keeps the order, so a stale change arriving after it cannot undo its stamped admits."""
         self._last.pop(replica, None)
 
     def remembered(self, replica: str) -> int:
