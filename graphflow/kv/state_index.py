@@ -4,7 +4,7 @@ A plain class: each :class:`~graphflow.kv.events.StateRecord` by id, and for eac
 states derived from it, so ``ancestors`` (what a state was built from) and ``descendants``
 (what was built from it) are walks rather than scans. The manager checks an admit before
 adding it; this index only keeps the records and their links. A run's states (ids
-``run:node``, as the executor names them) can be forgotten together once the run is over
+``run:node``, as the executor names them, and ``run:node:transfer``) can be forgotten together once the run is over
 (:meth:`forget_run`), so the index holds what runs now, not every state ever served.
 """
 
@@ -14,12 +14,21 @@ from collections.abc import Iterable, Iterator
 
 from graphflow.kv.events import StateRecord
 
-__all__ = ["StateIndex", "run_of"]
+__all__ = ["StateIndex", "run_of", "transfer_state"]
+
+_TRANSFER = ":transfer"
+
+
+def transfer_state(state_id: str) -> str:
+    """The state a node keeps of its own prefix plus the blocks it received, apart from its
+    own state ``state_id`` (``run:node:transfer``)."""
+    return state_id + _TRANSFER
 
 
 def run_of(state_id: str) -> str:
-    """The run a state belongs to: ``run`` of ``run:node`` ('' for an id without one)."""
-    return state_id.rpartition(":")[0]
+    """The run a state belongs to: ``run`` of ``run:node`` and of ``run:node:transfer`` ('' for
+    an id without one)."""
+    return state_id.removesuffix(_TRANSFER).rpartition(":")[0]
 
 
 class StateIndex:

@@ -32,15 +32,11 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 
 from graphflow.kv.events import EvictEvent
+from graphflow.kv.state_index import run_of
 
-__all__ = ["RUNS_TRACKED", "Deliveries", "run_of"]
+__all__ = ["RUNS_TRACKED", "Deliveries"]
 
 RUNS_TRACKED = 4096  # runs whose returned results a replica remembers until they end (oldest forgotten)
-
-
-def run_of(state_id: str) -> str:
-    """The workflow run a state belongs to (state ids are ``run:node``; ``""`` for none)."""
-    return state_id.rpartition(":")[0]
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from graphflow.kv.differential.modes import base_version
-from graphflow.kv.events import ReplicaInfo, TemplateEvent
+from graphflow.kv.events import ReplicaInfo
+from graphflow.kv.state_index import run_of
 from graphflow.runtime.cluster_api import Cluster
-from graphflow.runtime.deliveries import run_of
 from graphflow.runtime.errors import Unavailable
 from graphflow.runtime.failures import ALL_LOST, Failures
 from graphflow.runtime.in_flight import InFlight, prefix_key
@@ -330,10 +330,7 @@ class WorkflowExecutor:
         return [c.call(d.replica, "run_node", plan), send]
 
     def _report(self, res: NodeResult) -> None:
-        events: list[Any] = [*res.evicted, *([res.admit] if res.admit is not None else [])]
-        if res.templates:
-            events.append(TemplateEvent(res.replica, res.templates, res.templates_stamp))
-        self.cluster.manager("apply", events, self.clock())
+        self.cluster.manager("apply", res.manager_events(), self.clock())
         self._applied(res.state_id)
 
     def _applied(self, state_id: str) -> None:

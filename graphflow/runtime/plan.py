@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphflow.kv.events import AdmitEvent, EvictEvent, TemplateHolding
-from graphflow.runtime.deliveries import run_of
+from graphflow.kv.events import AdmitEvent, EvictEvent, TemplateEvent, TemplateHolding
+from graphflow.kv.state_index import run_of
 from scheduler.policy import Option
 
 __all__ = ["MaterializeResult", "NodePlan", "NodeResult", "TemplateRef"]
@@ -97,11 +97,20 @@ class NodeResult:
     total_s: float
     admit: AdmitEvent | None = field(default=None, compare=False)  # None: not kept (reuse off, no room)
     evicted: tuple[EvictEvent, ...] = field(default=(), compare=False)  # states dropped to make room
+    # its own prefix + the blocks it received, kept as a state of their own (``…:transfer``; None: none, no room)
+    kept_prefix: AdmitEvent | None = field(default=None, compare=False)
     rebuilt_tokens: int = 0  # template tokens not prefilled in order (base + residual; counts a recomputed head)
     templates: tuple[TemplateHolding, ...] = field(default=(), compare=False)  # what the replica can rebuild now
     templates_stamp: int = field(default=0, compare=False)  # when, among its changes (graphflow.kv.copy_order)
     note: str = ""  # where the replica could not do what the plan said, what it did instead
     phases: tuple[tuple[str, float], ...] = field(default=(), compare=False)  # (phase, seconds), in order
+
+    def manager_events(self) -> list[AdmitEvent | EvictEvent | TemplateEvent]:
+        """What this result tells the manager, in the order the replica made the changes (each
+        is stamped, so the manager also orders them among other results: ``graphflow.kv.copy_order``)."""
+        admits = [a for a in (self.kept_prefix, self.admit) if a is not None]
+        templates = [TemplateEvent(self.replica, self.templates, self.templates_stamp)] if self.templates else []
+        return [*self.evicted, *admits, *templates]
 
 
 @dataclass(frozen=True, slots=True)

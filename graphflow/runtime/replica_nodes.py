@@ -23,8 +23,9 @@ from graphflow.kv.events import TemplateEvent
 from graphflow.kv.exchange import receive_blocks, spec_for_prompt
 from graphflow.kv.manager import AdmitEvent, EvictEvent
 from graphflow.kv.state import Lineage
+from graphflow.kv.state_index import run_of, transfer_state
 from graphflow.runtime.arrivals import Arrivals
-from graphflow.runtime.deliveries import Deliveries, run_of
+from graphflow.runtime.deliveries import Deliveries
 from graphflow.runtime.kept import KeptStates
 from graphflow.runtime.plan import MaterializeResult, NodePlan, NodeResult
 from graphflow.runtime.prefixes import SharedPrefixes
@@ -85,19 +86,23 @@ class NodeRunner:
             raise ValueError(f"the template ({n_tmpl} tokens) must fit in the context ({len(plan.tokens)} tokens)")
         self._check_length(len(plan.tokens) + plan.decode_steps)
         evicted: list[EvictEvent] = []
+        stored: list[str] = []
         try:
-            with self._failing_waits(evicted):
-                res = self._run(plan, n_tmpl, evicted)
+            with self._failing_waits(evicted, stored):
+                res = self._run(plan, n_tmpl, evicted, stored)
         finally:
             lo, hi = plan.receive
             if hi > lo:  # NOTE: also when it failed: nodes waiting for these blocks then prefill them
                 self._arrivals.landed(plan.tokens[:hi])
-        admit, told = self._hand_over(plan.state_id, res.admit, res.evicted)
+        (prefix, admit), told = self._hand_over(plan.state_id, (res.kept_prefix, res.admit), res.evicted)
         report = self.template_report()
-        return replace(res, admit=admit, evicted=told, templates=report.holdings, templates_stamp=report.stamp)
+        return replace(
+            res, admit=admit, kept_prefix=prefix, evicted=told, templates=report.holdings, templates_stamp=report.stamp
+        )
 
-    def _run(self, plan: NodePlan, n_tmpl: int, evicted: list[EvictEvent]) -> NodeResult:
-        """The node itself; ``evicted`` gathers the evictions it makes as it goes."""
+    def _run(self, plan: NodePlan, n_tmpl: int, evicted: list[EvictEvent], stored: list[str]) -> NodeResult:
+        """The node itself; ``evicted`` gathers the evictions it makes as it goes, ``stored`` the
+        states it keeps before its own (its received prefix)."""
         start = time.perf_counter()
         ids = list(plan.tokens)
         with self._lock:
@@ -130,9 +135,12 @@ class NodeRunner:
                 ttft = time.perf_counter() - start
                 marks.append(("prefill", start + ttft))
                 # NOTE: only when the own prefix reached the range; kept after the first token, off its path
+                kept_prefix = None
                 if received:
                     try:
-                        evicted += self._keep_received(plan, ids[:hi], local + received)
+                        kept_prefix, more = self._keep_received(plan, ids[:hi], local + received)
+                        evicted += more
+                        stored += [transfer_state(plan.state_id)] if kept_prefix else []
                     finally:
                         self._arrivals.landed(ids[:hi])
                     marks.append(("keep_received", time.perf_counter()))
@@ -162,6 +170,7 @@ class NodeRunner:
             ttft_s=ttft,
             total_s=time.perf_counter() - start,
             admit=admit,
+            kept_prefix=kept_prefix,
             evicted=tuple(evicted),
             rebuilt_tokens=rebuilt,
             note="; ".join(notes),
@@ -214,7 +223,7 @@ class NodeRunner:
             admit, more = self.kept.store_state(blocks, Lineage("materialize"), state_id, ids)
         seconds = time.perf_counter() - begin
         kept = admit is not None
-        admit, told = self._hand_over(state_id, admit, (*evicted, *more))
+        (admit,), told = self._hand_over(state_id, (admit,), (*evicted, *more))
         events: tuple[AdmitEvent | EvictEvent, ...] = (*told, *([admit] if admit else []))
         return MaterializeResult(self.config.name, len(ids), seconds, kept, events, reused=cached)
 
@@ -226,31 +235,34 @@ class NodeRunner:
             return TemplateEvent(self.config.name, holdings, self.kept.stamp())
 
     @contextmanager
-    def _failing_waits(self, evicted: list[EvictEvent]) -> Iterator[None]:
+    def _failing_waits(self, evicted: list[EvictEvent], stored: Sequence[str] = ()) -> Iterator[None]:
         """Should the call fail, the evictions it made (``evicted``, as gathered so far) wait for
-        the replica's next result: no result of this call will carry them."""
+        the replica's next result, and the states it stored (``stored``) are released: no result
+        of this call will carry their events."""
         try:
             yield
         except BaseException:
             with self._lock:
-                self.deliveries.wait(evicted)
+                kept = [s for s in stored if s in self.held]
+                self.deliveries.wait([*evicted, *(self.kept.evict(s) for s in kept)], released=len(kept))
             raise
 
     def _hand_over(
-        self, state_id: str, admit: AdmitEvent | None, evicted: Sequence[EvictEvent]
-    ) -> tuple[AdmitEvent | None, tuple[EvictEvent, ...]]:
+        self, state_id: str, admits: tuple[AdmitEvent | None, ...], evicted: Sequence[EvictEvent]
+    ) -> tuple[tuple[AdmitEvent | None, ...], tuple[EvictEvent, ...]]:
         """What the result of the call that stored ``state_id`` tells the manager: the evictions
-        waiting for a result, then its own, and its admit. A call whose run ended while it ran
-        (timed out or failed elsewhere) keeps nothing: its states are released, its result tells
-        nothing, and what changed waits for the next result (``runtime.deliveries``)."""
+        waiting for a result, then its own, and its ``admits`` (returned in the same places). A
+        call whose run ended while it ran (timed out or failed elsewhere) keeps nothing: its
+        states are released, its result tells nothing (``None`` in every place), and what changed
+        waits for the next result (``runtime.deliveries``)."""
         with self._lock:
-            kept = [s for s in (state_id, _transfer_state(state_id)) if s in self.held]
+            kept = [s for s in (state_id, transfer_state(state_id)) if s in self.held]
             if self.held.ended(run_of(state_id)):
                 self.deliveries.wait([*evicted, *(self.kept.evict(s) for s in kept)], released=len(kept))
-                return None, ()
+                return (None,) * len(admits), ()
             told = (*self.deliveries.take(self.kept.store.has_block), *evicted)
             self.deliveries.sent(state_id, kept, told)
-            return admit, told
+            return admits, told
 
     def _prefill_context(self, ids: list[int], local: list[KVBlock]) -> list[KVBlock]:
         """The blocks of a task context of which this replica holds the blocks ``local``."""
@@ -300,14 +312,11 @@ class NodeRunner:
         received, stats = receive_blocks(self.transport, spec)
         return stats.nbytes, received
 
-    def _keep_received(self, plan: NodePlan, ids: list[int], blocks: list[KVBlock]) -> list[EvictEvent]:
+    def _keep_received(
+        self, plan: NodePlan, ids: list[int], blocks: list[KVBlock]
+    ) -> tuple[AdmitEvent | None, list[EvictEvent]]:
         """Keep the own prefix + received blocks as a state of their own when they fit (they
-        were used for the node either way); returns the evictions that made room."""
+        were used for the node either way); returns its admit (``None``: no room) and the
+        evictions that made room."""
         n = len(blocks) * self.config.block_tokens
-        _, evicted = self.kept.store_state(blocks, Lineage("transfer"), _transfer_state(plan.state_id), ids[:n])
-        return evicted
-
-
-def _transfer_state(state_id: str) -> str:
-    """The state a node keeps of its own prefix plus the blocks it received, apart from its own."""
-    return f"{state_id}:transfer"
+        return self.kept.store_state(blocks, Lineage("transfer"), transfer_state(plan.state_id), ids[:n])

@@ -45,7 +45,8 @@ class ReplicaStore:
 
         A state that cannot fit without evicting a protected one, or that is larger than the
         whole store, is not kept (the node's output is still valid; the state will be
-        recomputed when needed): the store never exceeds its budget.
+        recomputed when needed): the store never exceeds its budget. One larger than the whole
+        store evicts nothing.
         """
         with self.lock:
             evicted: list[EvictEvent] = []
@@ -60,6 +61,8 @@ class ReplicaStore:
                 # wins, as in vLLM's prefix cache): the same tokens recomputed along another path
                 # differ only by rounding, and one key never maps to two versions on a replica.
                 blocks = [self.store.block(b.key) if self.store.has_block(b.key) else b for b in computed]
+                if sum({b.key: b.nbytes for b in blocks}.values()) > self.store.capacity_bytes:
+                    return None, evicted  # larger than the whole store: evicting the others would not fit it
                 need = sum({b.key: b.nbytes for b in blocks if not self.store.has_block(b.key)}.values())
                 if self.store.can_allocate(need):
                     break

@@ -33,7 +33,7 @@ ids = cluster.get(cluster.call(r0, "encode", "A client that leaves mid-run. " * 
 cluster.manager("begin_run", "gone-run", cluster.owner)  # as the executor does
 plan = NodePlan("gone-run:n1", tuple(ids), 1, next_use=(("gone-run:n1", 0),), owner=cluster.owner)
 res = cluster.get(cluster.call(r0, "run_node", plan))
-cluster.manager("apply", [*res.evicted, res.admit], time.time())
+cluster.manager("apply", res.manager_events(), time.time())
 assert cluster.get(cluster.call(r0, "stats")).protected_states == 1
 """
 FORGOTTEN = f"""

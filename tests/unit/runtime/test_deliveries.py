@@ -7,14 +7,16 @@ import pytest
 from graphflow.kv.errors import MissingBlocks
 from graphflow.kv.events import EvictEvent
 from graphflow.kv.keys import chain_keys
-from graphflow.runtime.deliveries import RUNS_TRACKED, Deliveries, run_of
+from graphflow.kv.state_index import run_of
+from graphflow.runtime.deliveries import RUNS_TRACKED, Deliveries
 from graphflow.runtime.errors import RunTimeout
 from graphflow.runtime.executor import WorkflowExecutor
 from graphflow.runtime.local import LocalCluster
+from graphflow.runtime.plan import NodePlan
 from graphflow.workflow.compile import compile_workflow
 from graphflow.workflow.shapes import fan_out_workflow
 from scheduler.cost import LinkSpec, PrefillModel
-from scheduler.policy import Policy
+from scheduler.policy import Option, Policy
 
 
 def _ev(state: str, *keys: int) -> EvictEvent:
@@ -29,7 +31,7 @@ def _none(key: int) -> bool:
 
 
 def test_run_of_a_state_id():
-    assert run_of("run-1:a0") == "run-1" and run_of("run-1:a0:transfer") == "run-1:a0"
+    assert run_of("run-1:a0") == "run-1" and run_of("run-1:a0:transfer") == "run-1"
     assert run_of("upstream-7") == ""
 
 
@@ -133,3 +135,36 @@ def test_a_send_that_finds_its_blocks_gone_tells_the_manager_with_the_next_resul
         assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps) and stamps[0] > 0
     finally:
         one.close()
+
+
+def test_a_received_prefix_kept_without_its_node_s_state_reaches_the_manager():
+    """A node received a prefix and kept it (``…:transfer``) but its own, longer state did not
+    fit: the prefix's admit still reaches the manager, so it lists what the replica holds."""
+    bt_probe = LocalCluster("tiny-llama", replicas=1)
+    try:
+        (p,) = bt_probe.workers.values()
+        root = p.encode(_TASK)
+        bt = p.config.block_tokens
+        root = root[: len(root) // bt * bt]
+        room = (len(root) + 2 * bt) * p.kv_bytes_per_token()  # the prefix and a little, not the node
+    finally:
+        bt_probe.close()
+    two = LocalCluster("tiny-llama", replicas=2, capacity_bytes=room)
+    try:
+        w0, w1 = two.workers["replica-0"], two.workers["replica-1"]
+        two.manager("apply", list(w0.materialize("t:ROOT", root).events), time.time())
+        ctx = root + w1.encode(" Now show every step of the working, one line per step." * 6)
+        plan = NodePlan(
+            "t:n1", tuple(ctx), 2, Option.TRANSFER, receive=(0, len(root)), source_address=w0.address(), transfer_id=1
+        )
+        sent = two.call("replica-0", "send_blocks", root, 0, w1.address(), 1)
+        res = w1.run_node(plan)
+        assert sent.result() > 0 and res.transferred_tokens == len(root)
+        assert res.admit is None and res.kept_prefix is not None  # the node's state did not fit; the prefix did
+        assert w1.kept.held and "t:n1:transfer" in w1.kept.held
+        two.manager("apply", res.manager_events(), time.time())
+        for r, w in two.workers.items():
+            assert two.manager("used_bytes", r) == w.store.used_bytes > 0
+        two.manager("check_integrity")
+    finally:
+        two.close()

@@ -112,3 +112,20 @@ def test_served_catalog_times_advance_with_the_clock():
         assert float(cat.col("lease_until_s")[cat.col("alive")].max()) > later  # the reused prefix is leased
     finally:
         c.close()
+
+
+def test_a_state_larger_than_the_whole_store_evicts_nothing():
+    probe = ReplicaWorker(ReplicaConfig(f"ev-{next(_names)}", "tiny-llama", 1 << 20, transport="local"))
+    root_bytes = 64 * probe.kv_bytes_per_token()
+    probe.transport.close()
+    w = ReplicaWorker(
+        ReplicaConfig(f"ev-{next(_names)}", "tiny-llama", root_bytes + root_bytes // 2, transport="local")
+    )
+    try:
+        small = w.encode("numbers to add: 3 4 5. " * 8)[:64]
+        w.materialize("a:ROOT", small)
+        huge = w.materialize("b:ROOT", w.encode("a much longer context. " * 40)[:192])
+        assert not huge.kept and huge.events == ()  # it could never fit: a:ROOT stays
+        assert "a:ROOT" in w.kept.held
+    finally:
+        w.transport.close()
