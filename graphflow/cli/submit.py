@@ -275,7 +275,7 @@ def manager_line(held: ManagerStats, stats: Sequence[ReplicaStats]) -> str:
     snap = f"last snapshot {held.snapshot_s:.3f} s" if held.snapshot_s else "no snapshot yet"
     waiting = sum(s.evictions_waiting for s in stats)
     held_here = f"the replicas hold {sum(s.blocks for s in stats)}" + (
-        f", {waiting} evictions waiting for a result" if waiting else ""
+        f", {waiting} evictions not yet reported" if waiting else ""
     )
     return (
         f"manager: {held.records} state records, {held.catalog_rows} catalog rows ({held.live_copies} live; "

@@ -18,10 +18,12 @@ node failed ─► the evictions it made ─► waiting
 send found blocks gone ─► their eviction ─► waiting    (the manager listed them here)
 next result of any run ─► carries take() (waiting evictions of blocks it no longer
                            holds), then its own events
+every few seconds ─► the replica actor hands take() to the manager itself (put_back if
+                     that fails), for a replica that gets no further call
 ```
 
-so every eviction reaches the manager, late, with the replica's next result, and what the manager
-never heard of does not stay. A release is reported as an eviction of the blocks it freed, which
+so every eviction reaches the manager, late, with the replica's next result or within seconds,
+and what the manager never heard of does not stay. A release is reported as an eviction of the blocks it freed, which
 the manager may never have known (applying one is then a no-op).
 """
 
@@ -85,6 +87,11 @@ class Deliveries:
         of them released states whose results never reached the manager (counted)."""
         self._waiting += evicted
         self.released += released
+
+    def put_back(self, evicted: Iterable[EvictEvent]) -> None:
+        """Evictions :meth:`take` gave out for a report that did not reach the manager: they
+        wait again, ahead of those that came since."""
+        self._waiting[:0] = evicted
 
     def take(self, holds: Callable[[int], bool]) -> tuple[EvictEvent, ...]:
         """The waiting evictions, oldest first, for the result about to be returned, less the

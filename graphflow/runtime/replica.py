@@ -232,6 +232,22 @@ class ReplicaWorker:
         """One synthetic transfer of ``nbytes`` to or from ``peer``; the receiver's seconds."""
         return self.sends.probe(peer, nbytes, transfer_id, send)
 
+    def report_waiting(self, apply: Callable[[list[EvictEvent]], object]) -> int:
+        """Hand the evictions waiting for a result to ``apply`` (the manager's ``apply``; the
+        actor calls this every few seconds, so a replica that gets no further call does not keep
+        them); returns how many it handed over. Should ``apply`` raise, they wait again, first."""
+        with self._lock:
+            events = list(self.deliveries.take(self.store.has_block))
+        if not events:
+            return 0
+        try:
+            apply(events)
+        except BaseException:
+            with self._lock:
+                self.deliveries.put_back(events)
+            raise
+        return len(events)
+
     def end_run(self, run_id: str, delivered: Collection[str]) -> None:
         """The executor finished ``run_id`` (or gave up on it), having delivered to the manager
         the results of the states ``delivered``: the states its ready nodes needed are no longer

@@ -11,17 +11,21 @@ here; see the README).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import ray
 
-from graphflow.runtime.actor_names import CLIENT_GROUP, STATUS_GROUP
+from graphflow.runtime.actor_names import CLIENT_GROUP, MANAGER_NAME, NAMESPACE, STATUS_GROUP
 from graphflow.runtime.owners import gone_jobs, watch_owners
+from graphflow.runtime.periodic import every
 from graphflow.runtime.replica_config import ReplicaConfig
 
-__all__ = ["CLIENT_METHODS", "STATUS_METHODS", "WORKER_METHODS", "ReplicaActor"]
+__all__ = ["CLIENT_METHODS", "STATUS_METHODS", "WAITING_REPORT_S", "WORKER_METHODS", "ReplicaActor"]
+
+WAITING_REPORT_S = 5.0  # how often a replica hands the manager the evictions no result has carried
 
 # ReplicaWorker's public methods, each forwarded by the actor (a unit test keeps this list equal to
 # the class's); those on the status group are never queued behind other runs' node calls
@@ -46,6 +50,7 @@ WORKER_METHODS = (
     "prefill_seconds",
     "probe",
     "release",
+    "report_waiting",
     "run_node",
     "run_owners",
     "send_blocks",
@@ -58,24 +63,32 @@ CLIENT_METHODS = ("decode_text", "encode", "kv_bytes_per_token", "max_positions"
 
 
 class ReplicaActor:
-    """The Ray actor of a replica: a ``ReplicaWorker`` that knows its Ray node and stops
+    """The Ray actor of a replica: a ``ReplicaWorker`` that knows its Ray node, stops
     protecting states for the runs of clients that are gone (``runtime.manager_actor`` ends
-    those runs at the manager); its cheap calls (queue length, stats) run on the ``status``
-    concurrency group and a client's own calls (encode, plan, decode text) on the ``client`` group,
-    never behind its nodes."""
+    those runs at the manager) and hands the manager, every :data:`WAITING_REPORT_S`, the
+    evictions no result has carried yet (``runtime.deliveries``); its cheap calls (queue length,
+    stats) run on the ``status`` concurrency group and a client's own calls (encode, plan, decode
+    text) on the ``client`` group, never behind its nodes."""
 
     def __init__(self, config: ReplicaConfig) -> None:
         from graphflow.runtime.replica import ReplicaWorker  # NOTE: torch and the engine, in the actor only
 
         node = config.node or ray.get_runtime_context().get_node_id()
         self._worker = ReplicaWorker(replace(config, node=node, host=config.host or ray.util.get_node_ip_address()))
-        self._owners_stop = threading.Event()
+        self._stop = threading.Event()
         gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]  # NOTE: set when connected
-        watch_owners(self._worker, lambda jobs: gone_jobs(gcs, jobs), self._owners_stop)
+        watch_owners(self._worker, lambda jobs: gone_jobs(gcs, jobs), self._stop)
+        every(WAITING_REPORT_S, lambda: self._worker.report_waiting(_apply_at_manager), self._stop, "report evictions")
 
     def close(self) -> None:
-        self._owners_stop.set()
+        self._stop.set()
         self._worker.close()
+
+
+def _apply_at_manager(events: list[Any]) -> None:
+    """Apply ``events`` at the deployment's manager (found by name: it may have been restarted)."""
+    manager = ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
+    ray.get(manager.apply.remote(events, time.time()))
 
 
 def _forward(name: str) -> Callable[..., Any]:

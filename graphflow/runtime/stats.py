@@ -73,7 +73,7 @@ class ReplicaStats:
     protected_states: int  # kept states a ready node of a running workflow needs (not evictable)
     abandoned_runs: int  # runs whose client went away before ending them, ended by the replica
     released_unread: int  # states released because no result announcing them reached the manager
-    evictions_waiting: int  # evictions the manager has not heard of yet (the next result carries them)
+    evictions_waiting: int  # evictions the manager has not heard of yet (the next result or report carries them)
     cpu_s: float = 0.0  # CPU seconds of the replica's process since it started, all its threads
     engine_busy_s: float = 0.0  # wall seconds the engine loop has spent in forwards
     padded_rows: tuple[tuple[int, int], ...] = ()  # (rows, rows run) of steps the loop pads, as measured at start

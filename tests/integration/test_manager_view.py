@@ -1,16 +1,19 @@
 """The manager's view of a served deployment under load: two clients at once, a KV budget small
 enough that replicas evict all the time; once they are done, the manager lists exactly the block
 copies the replicas hold (results reach it in the order clients collect them, not the order the
-replicas made the changes: ``graphflow.kv.copy_order``)."""
+replicas made the changes: ``graphflow.kv.copy_order``), and a state released afterwards, with no
+further call, reaches it within seconds (the replica reports it: ``runtime.deliveries``)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
 from graphflow.runtime.cluster import ray_exe
+from graphflow.runtime.replica_actor import WAITING_REPORT_S
 from tests.integration.helpers.cli import ENV
 from tests.integration.helpers.cli import cli as _cli
 from tests.integration.helpers.cli import last_json as _last_json
@@ -18,6 +21,15 @@ from tests.integration.helpers.cli import last_json as _last_json
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 CLIENT = ("submit", "--address", "ray://127.0.0.1:10001", "--concurrency", "4", "--decode", "8", "--tasks-file")
+RELEASE = """
+import ray
+from graphflow.runtime.actors import RayCluster
+ray.init(address="ray://127.0.0.1:10001", namespace="graphflow", log_to_driver=False)
+cluster = RayCluster.attach(ray)
+r0 = cluster.replicas[0]
+newest = cluster.get(cluster.call(r0, "holdings"))[-1].record.state.state_id
+print(cluster.get(cluster.call(r0, "release", newest)))
+"""
 
 
 def test_two_clients_under_eviction_leave_the_manager_listing_what_the_replicas_hold(tmp_path):
@@ -45,5 +57,17 @@ def test_two_clients_under_eviction_leave_the_manager_listing_what_the_replicas_
         manager = status["manager"]
         assert manager["catalog_rows"] > manager["live_copies"]  # replicas evicted: the budget was tight
         assert manager["live_copies"] == held, (manager, [r["blocks"] for r in status["replicas"]])
+        # a state released by hand, and no further call: the replica reports the eviction itself
+        freed = subprocess.run([sys.executable, "-c", RELEASE], env=ENV, capture_output=True, text=True, timeout=120)
+        assert freed.returncode == 0 and int(freed.stdout.split()[-1]) > 0, freed.stderr[-3000:]
+        deadline = time.monotonic() + 4 * WAITING_REPORT_S
+        while time.monotonic() < deadline:
+            status = _last_json(_cli("status", "--json"))
+            if not sum(r["evictions_waiting"] for r in status["replicas"]):
+                break
+            time.sleep(1)
+        assert not sum(r["evictions_waiting"] for r in status["replicas"]), status["replicas"]
+        held_now = sum(r["blocks"] for r in status["replicas"])
+        assert held_now < held and status["manager"]["live_copies"] == held_now, status["manager"]
     finally:
         _cli("shutdown", "--json", check=False)

@@ -110,7 +110,7 @@ def test_the_manager_line_says_what_it_holds_and_how_its_runs_stand():
         "120 ended, 2 abandoned; last snapshot 0.013 s"
     )
     late = [stats[0], ReplicaStats(**{**zero, "blocks": 1_300, "evictions_waiting": 2}, **text, batching=True)]
-    assert "(2660 live; the replicas hold 2630, 2 evictions waiting for a result)" in manager_line(
+    assert "(2660 live; the replicas hold 2630, 2 evictions not yet reported)" in manager_line(
         ManagerStats(600, 11_400, 2_660), late
     )
     assert manager_line(ManagerStats(), []).endswith("; no snapshot yet")

@@ -168,3 +168,30 @@ def test_a_received_prefix_kept_without_its_node_s_state_reaches_the_manager():
         two.manager("check_integrity")
     finally:
         two.close()
+
+
+def test_evictions_no_result_carried_are_reported_without_waiting_for_a_call():
+    """A replica that gets no further call hands its waiting evictions to the manager itself (the
+    actor does every few seconds); a report that fails leaves them waiting, first in line."""
+    one = LocalCluster("tiny-llama", replicas=1)
+    try:
+        (w,) = one.workers.values()
+        for name in ("a", "b"):
+            got = w.materialize(f"r:{name}", w.encode(f"Context {name}. " * 20))
+            one.manager("apply", list(got.events), time.time())
+        assert w.release("r:a") > 0 and w.release("r:b") > 0 and w.deliveries.waiting() == 2
+        first = w.deliveries._waiting[0]
+
+        def down(events: list[EvictEvent]) -> None:
+            raise ConnectionError("the manager is restarting")
+
+        with pytest.raises(ConnectionError):
+            w.report_waiting(down)
+        assert w.deliveries.waiting() == 2 and w.deliveries._waiting[0] == first
+        assert one.manager("used_bytes", "replica-0") > w.store.used_bytes == 0
+        assert w.report_waiting(lambda events: one.manager("apply", events, time.time())) == 2
+        assert one.manager("used_bytes", "replica-0") == 0 and w.deliveries.waiting() == 0
+        assert w.report_waiting(lambda events: pytest.fail("nothing to report")) == 0
+        one.manager("check_integrity")
+    finally:
+        one.close()
