@@ -4,8 +4,9 @@ A plain class: each :class:`~graphflow.kv.events.StateRecord` by id, and for eac
 states derived from it, so ``ancestors`` (what a state was built from) and ``descendants``
 (what was built from it) are walks rather than scans. The manager checks an admit before
 adding it; this index only keeps the records and their links. A run's states (ids
-``run:node``, as the executor names them, and ``run:node:transfer``) can be forgotten together once the run is over
-(:meth:`forget_run`), so the index holds what runs now, not every state ever served.
+``run:node``, as the executor names them, and ``run:node:transfer``, a node's received prefix)
+can be forgotten together once the run is over (:meth:`forget_run`), so the index holds what
+runs now, not every state ever served.
 """
 
 from __future__ import annotations

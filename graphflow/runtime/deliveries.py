@@ -23,8 +23,8 @@ every few seconds ─► the replica actor hands take() to the manager itself (p
 ```
 
 so every eviction reaches the manager, late, with the replica's next result or within seconds,
-and what the manager never heard of does not stay. A release is reported as an eviction of the blocks it freed, which
-the manager may never have known (applying one is then a no-op).
+and what the manager never heard of does not stay. A release is reported as an eviction of the
+blocks it freed, which the manager may never have known (applying one is then a no-op).
 """
 
 from __future__ import annotations
