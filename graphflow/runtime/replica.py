@@ -256,8 +256,7 @@ class ReplicaWorker:
         and a node of it still queued or running keeps nothing (``runtime.deliveries``)."""
         with self._lock:
             self._held.end_run(run_id)
-            lost = [s for s in self.deliveries.end_run(run_id, set(delivered)) if s in self._held]
-            self.deliveries.wait([self.kept.evict(s) for s in lost], released=len(lost))
+            self.nodes.release_unread(self.deliveries.end_run(run_id, set(delivered)))
 
     def run_owners(self) -> set[str]:
         """The clients whose runs protect states here (the executors' ``Cluster.owner``)."""

@@ -242,10 +242,15 @@ class NodeRunner:
         try:
             yield
         except BaseException:
-            with self._lock:
-                kept = [s for s in stored if s in self.held]
-                self.deliveries.wait([*evicted, *(self.kept.evict(s) for s in kept)], released=len(kept))
+            self.release_unread(stored, evicted)
             raise
+
+    def release_unread(self, states: Sequence[str], evicted: Sequence[EvictEvent] = ()) -> None:
+        """Release those of ``states`` this replica still keeps, which no result reaching the
+        manager announces; their evictions wait for the next result after ``evicted``."""
+        with self._lock:
+            kept = [s for s in states if s in self.held]
+            self.deliveries.wait([*evicted, *(self.kept.evict(s) for s in kept)], released=len(kept))
 
     def _hand_over(
         self, state_id: str, admits: tuple[AdmitEvent | None, ...], evicted: Sequence[EvictEvent]
@@ -258,7 +263,7 @@ class NodeRunner:
         with self._lock:
             kept = [s for s in (state_id, transfer_state(state_id)) if s in self.held]
             if self.held.ended(run_of(state_id)):
-                self.deliveries.wait([*evicted, *(self.kept.evict(s) for s in kept)], released=len(kept))
+                self.release_unread(kept, evicted)
                 return (None,) * len(admits), ()
             told = (*self.deliveries.take(self.kept.store.has_block), *evicted)
             self.deliveries.sent(state_id, kept, told)

@@ -56,13 +56,13 @@ class ReplicaStore:
                         self.store.block(b.key).verify()
                     except ChecksumMismatch:
                         evicted += self.drop_block(b.key)
+            if sum({b.key: b.nbytes for b in computed}.values()) > self.store.capacity_bytes:
+                return None, evicted  # larger than the whole store: evicting the others would not fit it
             while True:
                 # NOTE: a block this store already holds keeps its stored bytes (first writer
                 # wins, as in vLLM's prefix cache): the same tokens recomputed along another path
                 # differ only by rounding, and one key never maps to two versions on a replica.
                 blocks = [self.store.block(b.key) if self.store.has_block(b.key) else b for b in computed]
-                if sum({b.key: b.nbytes for b in blocks}.values()) > self.store.capacity_bytes:
-                    return None, evicted  # larger than the whole store: evicting the others would not fit it
                 need = sum({b.key: b.nbytes for b in blocks if not self.store.has_block(b.key)}.values())
                 if self.store.can_allocate(need):
                     break
