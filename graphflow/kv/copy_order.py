@@ -13,7 +13,11 @@ remembers, per replica, the stamp of the last change it applied to each recently
 and whether it left the block there (:class:`CopyOrder`). A change older than that one is not
 applied to that block: an older eviction is skipped, and an older admit of a block evicted since
 records it as gone. Only the last :data:`KEYS_REMEMBERED` blocks changed on a replica are
-remembered: results come back milliseconds apart, far inside that window. A change stamped 0
+remembered (results come back milliseconds apart, far inside that window). Past it, a change
+older than the newest one forgotten, to a block no longer remembered, may be older than that
+block's last change, so it is taken the safe way (:meth:`CopyOrder.unsure`): an eviction is
+applied (at worst the manager misses a copy the replica holds) and an admit records the block
+gone (the manager never lists a copy that may be gone). A change stamped 0
 (from code that does not stamp) is applied as it arrives. A stamp is the wall clock's, so a
 replica restarted under the same name counts on from where it was (unless the clock was set
 back meanwhile).
@@ -54,6 +58,7 @@ class CopyOrder:
             raise ValueError(f"keys_remembered must be 1 or more, got {keys_remembered}")
         self.keys_remembered = keys_remembered
         self._last: dict[str, OrderedDict[int, tuple[int, bool]]] = {}  # replica → key → (stamp, held)
+        self._forgotten: dict[str, int] = {}  # replica → the newest stamp among the changes forgotten
 
     def newer(self, replica: str, keys: Iterable[int], stamp: int) -> dict[int, bool]:
         """The ``keys`` of which a change newer than ``stamp`` was already applied on ``replica``,
@@ -69,24 +74,38 @@ class CopyOrder:
                 out[k] = last[1]
         return out
 
+    def unsure(self, replica: str, keys: Iterable[int], stamp: int) -> list[int]:
+        """The ``keys`` whose last change on ``replica`` is no longer remembered and may be newer
+        than ``stamp`` (a change newer than ``stamp`` was forgotten): an admit records them gone,
+        an eviction is applied."""
+        if not stamp or stamp >= self._forgotten.get(replica, 0):
+            return []
+        seen = self._last.get(replica, {})
+        return [k for k in keys if k not in seen]
+
     def applied(self, replica: str, keys: Iterable[int], stamp: int, held: bool) -> None:
         """A change stamped ``stamp`` was applied to ``keys`` on ``replica``, leaving them there
-        (``held``: an admit) or not (an eviction)."""
+        (``held``: an admit) or not (an eviction). Keys it is :meth:`unsure` of stay unsure."""
         if not stamp:
             return
         seen = self._last.setdefault(replica, OrderedDict())
+        forgotten = self._forgotten.get(replica, 0)
         for k in keys:
             last = seen.get(k)
-            if last is None or last[0] < stamp:
+            if (last is None and stamp >= forgotten) or (last is not None and last[0] < stamp):
                 seen[k] = (stamp, held)
                 seen.move_to_end(k)
         while len(seen) > self.keys_remembered:
-            seen.popitem(last=False)
+            _, (old, _) = seen.popitem(last=False)
+            forgotten = max(forgotten, old)
+        if forgotten:
+            self._forgotten[replica] = forgotten
 
     def forget(self, replica: str) -> None:
         """``replica`` was dropped (it died): what the manager holds for it starts anew. A resync
         keeps the order, so a stale change arriving after it cannot undo its stamped admits."""
         self._last.pop(replica, None)
+        self._forgotten.pop(replica, None)
 
     def remembered(self, replica: str) -> int:
         return len(self._last.get(replica, ()))

@@ -393,6 +393,28 @@ def test_changes_of_one_replica_applied_out_of_order_leave_its_copies_as_they_ar
     m.check_integrity()
 
 
+def test_an_admit_older_than_a_forgotten_eviction_does_not_list_the_blocks(monkeypatch):
+    """Past the blocks whose last change the manager remembers, a stale admit of a block evicted
+    since is recorded gone (``graphflow.kv.copy_order``)."""
+    from dataclasses import replace
+    from functools import partial
+
+    import graphflow.kv.manager as manager_module
+    from graphflow.kv.copy_order import CopyOrder
+
+    monkeypatch.setattr(manager_module, "CopyOrder", partial(CopyOrder, keys_remembered=2))
+    m = KVStateManager(block_tokens=BT)
+    m.add_replica(ReplicaInfo("r0", node="n0", budget_bytes=10 * NB))
+    a = replace(_event("r0", "a", list(range(8))), stamp=10)
+    keys = list(a.record.state.block_keys)
+    m.apply([EvictEvent("r0", tuple(keys), "a", stamp=30)], 0.0)  # evicted at 30, applied first
+    m.apply([replace(_event("r0", "x", list(range(100, 108))), stamp=31)], 0.0)  # pushes them out
+    m.apply([a], 0.0)  # the admit at 10 arrives last
+    assert m.locate(keys[0]) == [] and m.state_ids() == ["x", "a"]
+    m.apply([EvictEvent("r0", tuple(keys), "a", stamp=20)], 0.0)  # a stale eviction: applied
+    m.check_integrity()
+
+
 def test_an_older_report_of_a_replica_s_templates_does_not_replace_a_newer_one(mgr):
     from graphflow.kv.events import TemplateEvent, TemplateHolding
 
