@@ -35,6 +35,8 @@ from transport.pool import TensorPool
 
 __all__ = ["bench_transport", "parse_size"]
 
+BACKENDS = ("ucx", "mpi", "ray", "local")  # what bench_transport times, in this order of its error message
+
 _UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": 10**6, "gb": 10**9}
 
 
@@ -200,6 +202,9 @@ def bench_transport(
     run); with peers, the ucx rows carry each peer's rate at their size."""
     from graphflow.bench.peers import PEERS, run_peer
 
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:  # NOTE: before any runs, so a typo does not throw away the backends timed before it
+        raise ValueError(f"unknown backend {unknown[0]!r}; use {', '.join(BACKENDS)}")
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"unknown peer {unknown[0]!r}; use {', '.join(PEERS)}")
@@ -210,13 +215,11 @@ def bench_transport(
             rows += _bench_local(plan)
         elif backend == "ray":
             rows += _bench_ray(plan)
-        elif backend in ("ucx", "mpi"):
+        else:
             from graphflow.harness.launch import run_two_processes
 
             args = ["--job", "bench", *plan.args(), "--timeout", "120"]
             rows += [TransportRow.from_json(r) for r in run_two_processes(backend, args, timeout_s=1800)[0]]
-        else:
-            raise ValueError(f"unknown backend {backend!r}; use ucx, mpi, ray or local")
     results = []
     for peer in peers:
         say(f"benchmarking peer {peer}")

@@ -35,3 +35,11 @@ def test_a_plan_that_would_measure_nothing_is_refused():
         BenchPlan(sizes=[1 << 16], iters=0)
     with pytest.raises(ValueError, match="at least 1"):
         BenchPlan(sizes=[1 << 16], repeats=0)
+
+
+def test_an_unknown_backend_is_refused_before_any_backend_runs():
+    said = []
+    plan = BenchPlan(sizes=[1 << 16], block_bytes=1 << 16, iters=1, warmup=1, repeats=1)
+    with pytest.raises(ValueError, match="unknown backend 'carrier'; use ucx, mpi, ray, local"):
+        bench_transport(["local", "carrier"], plan, say=said.append)
+    assert said == []  # NOTE: local would have been timed first
