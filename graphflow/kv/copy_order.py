@@ -17,10 +17,10 @@ remembered (results come back milliseconds apart, far inside that window). Past 
 older than the newest one forgotten, to a block no longer remembered, may be older than that
 block's last change, so it is taken the safe way (:meth:`CopyOrder.unsure`): an eviction is
 applied (at worst the manager misses a copy the replica holds) and an admit records the block
-gone (the manager never lists a copy that may be gone). A change stamped 0
-(from code that does not stamp) is applied as it arrives. A stamp is the wall clock's, so a
-replica restarted under the same name counts on from where it was (unless the clock was set
-back meanwhile).
+gone unless the manager lists it there already (it never adds a copy that may be gone). A
+change stamped 0 (from code that does not stamp) is applied as it arrives. A stamp is the wall
+clock's, so a replica restarted under the same name counts on from where it was (unless the
+clock was set back meanwhile).
 """
 
 from __future__ import annotations

@@ -262,11 +262,13 @@ class KVStateManager:
     def _record(self, ev: AdmitEvent, now_s: float) -> None:
         """Record a validated admit's block copies; those a newer change already evicted are
         recorded gone (``graphflow.kv.copy_order``: the admit arrived after it), and so are those
-        whose last change is no longer remembered and may be newer than the admit."""
+        whose last change is no longer remembered and may be newer than the admit, unless the
+        manager lists them there already (the admit then tells it nothing new)."""
         keys = [int(k) for k in ev.blocks.key.astype(np.uint64)]
+        unsure = [k for k in self._order.unsure(ev.replica, keys, ev.stamp) if ev.replica not in self.locate(k)]
         record_copies(self.catalog, ev.blocks, now_s)
         newer = self._order.newer(ev.replica, keys, ev.stamp)
-        gone = [k for k, held in newer.items() if not held] + self._order.unsure(ev.replica, keys, ev.stamp)
+        gone = [k for k, held in newer.items() if not held] + unsure
         if gone:
             evict_copies(self.catalog, ev.replica, gone)
         self._order.applied(ev.replica, [k for k in keys if k not in newer], ev.stamp, held=True)

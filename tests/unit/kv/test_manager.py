@@ -412,6 +412,10 @@ def test_an_admit_older_than_a_forgotten_eviction_does_not_list_the_blocks(monke
     m.apply([a], 0.0)  # the admit at 10 arrives last
     assert m.locate(keys[0]) == [] and m.state_ids() == ["x", "a"]
     m.apply([EvictEvent("r0", tuple(keys), "a", stamp=20)], 0.0)  # a stale eviction: applied
+    x_keys = list(m.state("x").state.block_keys)
+    m.apply([replace(_event("r0", "y", list(range(200, 208))), stamp=40)], 0.0)  # x's keys forgotten
+    m.apply([replace(_event("r0", "x2", list(range(100, 108))), stamp=25)], 0.0)  # stale, but listed
+    assert m.locate(x_keys[0]) == ["r0"]  # NOTE: already listed there: the stale admit changes nothing
     m.check_integrity()
 
 
