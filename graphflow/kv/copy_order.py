@@ -80,7 +80,7 @@ class CopyOrder:
         an eviction is applied."""
         if not stamp or stamp >= self._forgotten.get(replica, 0):
             return []
-        seen = self._last.get(replica, {})
+        seen: dict[int, tuple[int, bool]] = self._last.get(replica, {})
         return [k for k in keys if k not in seen]
 
     def applied(self, replica: str, keys: Iterable[int], stamp: int, held: bool) -> None:
