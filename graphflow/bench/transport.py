@@ -32,10 +32,9 @@ from graphflow.bench.transport_rows import PeerResult, TransportRow, with_peers
 from transport.base import TransferSpec, TransportConfig
 from transport.local import LocalTransport
 from transport.pool import TensorPool
+from transport.registry import BACKENDS
 
 __all__ = ["bench_transport", "parse_size"]
-
-BACKENDS = ("ucx", "mpi", "ray", "local")  # what bench_transport times, in this order of its error message
 
 _UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": 10**6, "gb": 10**9}
 

@@ -76,8 +76,8 @@ class CopyOrder:
 
     def unsure(self, replica: str, keys: Iterable[int], stamp: int) -> list[int]:
         """The ``keys`` whose last change on ``replica`` is no longer remembered and may be newer
-        than ``stamp`` (a change newer than ``stamp`` was forgotten): an admit records them gone,
-        an eviction is applied."""
+        than ``stamp`` (a change newer than ``stamp`` was forgotten): an admit records gone those
+        the manager does not list already, an eviction is applied."""
         if not stamp or stamp >= self._forgotten.get(replica, 0):
             return []
         seen: dict[int, tuple[int, bool]] = self._last.get(replica, {})

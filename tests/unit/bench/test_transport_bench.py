@@ -40,6 +40,6 @@ def test_a_plan_that_would_measure_nothing_is_refused():
 def test_an_unknown_backend_is_refused_before_any_backend_runs():
     said = []
     plan = BenchPlan(sizes=[1 << 16], block_bytes=1 << 16, iters=1, warmup=1, repeats=1)
-    with pytest.raises(ValueError, match="unknown backend 'carrier'; use ucx, mpi, ray, local"):
+    with pytest.raises(ValueError, match="unknown backend 'carrier'; use local, ucx, mpi, ray"):
         bench_transport(["local", "carrier"], plan, say=said.append)
     assert said == []  # NOTE: local would have been timed first
