@@ -30,6 +30,7 @@ from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine, clone_cache
 from graphflow.models.prompts import prompt_token_ids
 from transport.base import TransferSpec, Transport
+from transport.registry import BACKENDS
 
 __all__ = ["Received", "Sent", "TransferCheck", "TransferCheckResult", "receive_side", "send_side"]
 
@@ -184,5 +185,5 @@ def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60
                 b.close()
             sent = out[0]
     else:
-        raise ValueError(f"unknown backend {backend!r}; use ucx, mpi, ray or local")
+        raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     return TransferCheckResult(got, sent.seconds, 1 if backend == "local" else 2)
