@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import typer
@@ -17,7 +19,19 @@ from rich.table import Column, Table
 from graphflow.runtime.errors import Unavailable, error_message
 from transport.errors import TransportError
 
-__all__ = ["emit", "err", "folding_table", "ints", "kv_table", "names", "out", "say", "trace_table", "user_errors"]
+__all__ = [
+    "emit",
+    "err",
+    "folding_table",
+    "ints",
+    "kv_table",
+    "names",
+    "out",
+    "say",
+    "stopped_by_signal",
+    "trace_table",
+    "user_errors",
+]
 
 err = Console(stderr=True)
 # NOTE: tables are wide; when output is piped (no terminal width) render them at 140 columns.
@@ -48,6 +62,28 @@ def user_errors(fn: F) -> F:
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def stopped_by_signal(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Within the block, each of ``signals`` (SIGTERM from ``kill``, ``timeout``, systemd or a
+    container runtime; SIGHUP from a closing terminal) raises ``KeyboardInterrupt`` in the main
+    thread, as Ctrl-C does, so a foreground command cleans up the same way for all of them (left
+    alone, SIGTERM ended the process at once, or Ray's handler in it printed a stack dump). The
+    handlers before are put back after it; one that Python did not set becomes the default."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    before = {s: signal.signal(s, interrupt) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def say(msg: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from graphflow.cli._common import emit, folding_table, out, say, trace_table, user_errors
+from graphflow.cli._common import emit, folding_table, out, say, stopped_by_signal, trace_table, user_errors
 from graphflow.cli.submit import attach
 from graphflow.runtime.batch_limits import MAX_BATCH_TOKENS
 from graphflow.workflow.shapes import fan_out_workflow
@@ -84,7 +84,11 @@ def serve(
     replace: bool = typer.Option(
         False, "--replace", help="Shut down a running deployment of other settings instead of refusing."
     ),
-    detach: bool = typer.Option(False, "--detach", help="Leave the deployment running and return."),
+    detach: bool = typer.Option(
+        False,
+        "--detach",
+        help="Leave the deployment running and return (else serve until Ctrl-C, SIGTERM or SIGHUP, then stop it).",
+    ),
     min_nodes: int = typer.Option(
         0, help="Wait (up to 5 minutes) until this many Ray nodes are alive before placing replicas."
     ),
@@ -204,21 +208,23 @@ def serve(
     if json_out:
         emit(info)
     else:
-        out.print(f"serving {model} on {replicas} replicas; Ray head {head}")
+        out.print(f"serving {model} on {replicas} replica{'s' if replicas != 1 else ''}; Ray head {head}")
         out.print(f"submit with: RAY_AUTH_MODE=token graphflow submit --address {client_address(head)} --task '...'")
     if not detach:
         import time
 
-        say("serving until Ctrl-C")
+        say("serving until Ctrl-C (or SIGTERM)")
         try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
+            with stopped_by_signal():
+                while True:
+                    time.sleep(3600)
+        except KeyboardInterrupt as stop:  # NOTE: Ctrl-C, or SIGTERM / SIGHUP (its args name it)
             cluster.shutdown()
             if started:  # NOTE: the head this call started: the next `serve` starts its own
                 disconnect()
                 stop_head(head)
-            say("stopped the replicas and the manager" + (", and the Ray head serve started" if started else ""))
+            by = f" ({stop.args[0]})" if stop.args else ""
+            say("stopped the replicas and the manager" + (", and the Ray head serve started" if started else "") + by)
 
 
 @user_errors

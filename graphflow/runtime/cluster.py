@@ -18,6 +18,7 @@ from graphflow.runtime.errors import Unavailable
 __all__ = [
     "HEAD_ENV",
     "answers",
+    "auto_address",
     "connect",
     "ensure_token",
     "forking_proxy",
@@ -174,7 +175,10 @@ def last_line(output: str, limit: int = 600) -> str:
 
 def start_head(port: int = 6379, client_port: int = 10001) -> str:
     """Start a local Ray head (``ray start --head``) with token auth, making this machine's token
-    first if it has none; returns its address."""
+    first if it has none; returns its address. The head runs in a session of its own: a signal to
+    the caller's process group (Ctrl-C in its terminal, ``timeout``, the terminal closing) does
+    not reach its processes (a GCS server sent SIGTERM there hung in Ray's own signal handler and
+    stayed, answering nobody); whoever started it stops it (:func:`stop_head`)."""
     import subprocess
 
     os.environ["RAY_AUTH_MODE"] = "token"
@@ -192,6 +196,7 @@ def start_head(port: int = 6379, client_port: int = 10001) -> str:
         capture_output=True,
         text=True,
         env={**os.environ, **HEAD_ENV},
+        start_new_session=True,
     )
     if proc.returncode != 0:
         raise Unavailable(f"could not start a Ray head: {last_line(proc.stderr)}")
@@ -245,14 +250,42 @@ def forking_proxy(address: str) -> str:
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast (one clear sentence) when nothing listens at ``host:port``; Ray itself
-    retries an unreachable head for minutes."""
-    if address == "auto" or ":" not in address:
+    """Fail fast (one clear sentence) when nothing listens at ``host:port``, or where ``auto``
+    leads (:func:`auto_address`); Ray itself retries an unreachable head for minutes."""
+    if address == "auto":
+        found, where = auto_address()
+        if found and ":" in found and not answers(found, timeout_s):
+            raise ConnectionError(
+                f"{where} names the Ray head at {found}, where nothing answers (that head is gone); start a "
+                "deployment with `graphflow serve`, or pass --address for one elsewhere"
+            )
+        return
+    if ":" not in address:
         return
     if not answers(address, timeout_s):
         raise ConnectionError(
             f"nothing answers at {address}; start a deployment with `graphflow serve` or check the address"
         )
+
+
+def auto_address(temp_dir: str = "") -> tuple[str, str]:
+    """Where ``ray.init(address="auto")`` connects, as Ray resolves it, and what said so:
+    ``RAY_ADDRESS`` when set, else Ray's record of the last head started on this machine
+    (``ray_current_cluster`` in its temp folder); ``("", "")`` when neither names one (Ray then
+    looks for a running head itself and says when there is none). A head that died without
+    ``ray stop`` leaves that record behind, and Ray retries it for minutes. ``temp_dir``: Ray's
+    temp folder ("": Ray's default, ``RAY_TMPDIR`` or ``TMPDIR`` else ``/tmp``, then ``ray``)."""
+    env = os.environ.get("RAY_ADDRESS", "")
+    if env and env != "auto":
+        return env, "RAY_ADDRESS"
+    system = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    record = os.path.join(temp_dir or os.path.join(system, "ray"), "ray_current_cluster")
+    try:
+        with open(record) as f:
+            named = f.read().strip()
+    except OSError:
+        return "", ""
+    return (named, f"Ray's record of the last head started here ({record})") if named else ("", "")
 
 
 def answers(address: str, timeout_s: float = 5.0) -> bool:

@@ -228,6 +228,53 @@ def test_serve_submit_status_shutdown(tmp_path):
     assert not answers("127.0.0.1:6391")
     unreachable = _cli("status", "--address", "127.0.0.1:6390", check=False, timeout=120)
     assert unreachable.returncode == 2
+    # Ray's record of a head that died without `ray stop`: `auto` says so at once (Ray retried it for minutes)
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:6390")
+    stale = _cli("status", check=False, timeout=60, env={**ENV, "RAY_TMPDIR": str(tmp_path)})
+    assert stale.returncode == 2 and "where nothing answers" in stale.stderr, stale.stderr[-2000:]
+
+
+def test_a_foreground_serve_stopped_by_sigterm_stops_what_it_started():
+    """SIGTERM to the serve's whole process group (as `timeout`, a closing terminal's SIGHUP or a
+    service manager send it) stops the replicas, the manager and the head it started, as Ctrl-C
+    does; the head's processes, in a session of their own, never get the signal themselves."""
+    import signal
+    import threading
+
+    from graphflow.runtime import head_processes as hp
+
+    subprocess.run([ray_exe(), "stop", "--force"], capture_output=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "graphflow.cli", "serve", "--model", "tiny-llama", "--replicas", "1"],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    said: list[str] = []
+    serving = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            said.append(line)
+            if "serving until" in line:
+                serving.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert serving.wait(300), "".join(said)[-3000:]
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(10)
+    told = "".join(said)
+    assert proc.returncode == 0 and "and the Ray head serve started (SIGTERM)" in told, told[-3000:]
+    assert not answers(HEAD) and not hp.head_processes(6379, hp.running_processes(), hp.local_addresses())
 
 
 def test_check_e2e_exact_mode():

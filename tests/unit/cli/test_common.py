@@ -3,6 +3,7 @@ broken state (RuntimeError) keeps its traceback."""
 
 from __future__ import annotations
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -80,3 +81,18 @@ def test_trace_table_sets_the_prediction_beside_the_first_token_and_keeps_names_
     flat = " ".join(shown.replace("│", " ").split())
     # predicted (the state ready), then the measured first token, then the whole node
     assert flat.index("0.056") < flat.index("0.099") < flat.index("0.499"), flat
+
+
+def test_sigterm_and_sighup_stop_a_foreground_command_as_ctrl_c_does():
+    import os
+    import signal
+
+    from graphflow.cli._common import stopped_by_signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        with pytest.raises(KeyboardInterrupt) as stopped, stopped_by_signal():
+            os.kill(os.getpid(), signum)
+            signal.pause()  # NOTE: the handler runs here at the latest; never reached otherwise
+        assert stopped.value.args == (signal.Signals(signum).name,)
+    assert signal.getsignal(signal.SIGTERM) == before  # NOTE: the handlers before are back

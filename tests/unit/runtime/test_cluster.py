@@ -66,6 +66,7 @@ def test_a_started_head_runs_without_grpc_fork_handlers(monkeypatch):
     ran: list[tuple[list[str], dict[str, str]]] = []
 
     def run(cmd, **kw):
+        assert kw["start_new_session"]  # NOTE: signals to the caller's process group do not reach the head
         ran.append((cmd, kw["env"]))
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
@@ -116,7 +117,9 @@ def test_a_refused_token_is_tried_once_and_explained(monkeypatch):
     assert ray.inits == 1 and "RAY_AUTH_MODE=token" in said and "GRPC" not in said
 
 
-def test_no_head_on_this_machine_says_to_serve_without_rays_wording(monkeypatch):
+def test_no_head_on_this_machine_says_to_serve_without_rays_wording(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # NOTE: no record of a head started here
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     ray, said = _refused(monkeypatch, "Could not find any running Ray instance. Please specify …", address="auto")
     assert ray.inits == 1 and "graphflow serve" in said and "--address" in said and "token" not in said
 
@@ -139,3 +142,25 @@ def test_a_client_connect_drops_rays_two_notes_to_nobody_and_keeps_the_rest(monk
     builder.info("Connected to Ray cluster. View the dashboard at http://h:8265")
     assert kept == ["worker died", "Connecting", "Connected to Ray cluster. View the dashboard at http://h:8265"]
     assert builder.filters == streamed.filters == logging.getLogger("ray._private.worker").filters == [cluster._quiet]
+
+
+def test_auto_fails_at_once_where_rays_record_names_a_head_that_is_gone(monkeypatch, tmp_path):
+    """A head that died without ``ray stop`` leaves Ray's record behind; ``auto`` would retry it
+    for minutes. The connect says so in one sentence and never asks Ray."""
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:1\n")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster.auto_address() == (
+        "127.0.0.1:1",
+        f"Ray's record of the last head started here ({tmp_path}/ray/ray_current_cluster)",
+    )
+    ray = Refusing("never asked")
+    monkeypatch.setattr(cluster, "_ray", lambda: ray)
+    with pytest.raises(ConnectionError, match="names the Ray head at 127.0.0.1:1, where nothing answers") as refused:
+        cluster.connect("auto")
+    assert ray.inits == 0 and "graphflow serve" in str(refused.value)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://127.0.0.1:2")  # NOTE: Ray's own order: the variable first
+    assert cluster.auto_address() == ("ray://127.0.0.1:2", "RAY_ADDRESS")
+    with pytest.raises(ConnectionError, match="RAY_ADDRESS names the Ray head at ray://127.0.0.1:2"):
+        cluster.connect("auto")
