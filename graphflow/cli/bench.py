@@ -182,7 +182,9 @@ def bench_submit_cmd(
     address: str = typer.Option(..., help="Ray client address of a `graphflow serve` deployment (ray://host:10001)."),
     task: str = typer.Option("", help="The task each submit runs (or --tasks-file)."),
     tasks_file: Path | None = typer.Option(
-        None, "--tasks-file", help="A file of tasks, one per line, each submit runs."
+        None,
+        "--tasks-file",
+        help="A file of tasks, one per line (as `submit --tasks-file` reads it), each submit runs.",
     ),
     decode: int = typer.Option(8, help="Tokens each node generates after its first (decode steps)."),
     submits: int = typer.Option(5, help="Submits measured, one after another."),

@@ -56,7 +56,8 @@ def submit(
     tasks_file: Path | None = typer.Option(
         None,
         "--tasks-file",
-        help="A file of tasks, one per line (blank lines skipped), run through one client with --concurrency "
+        help="A file of tasks, one per line (blank lines skipped; a line may be a JSON object whose question, "
+        "problem, prompt or context is the task, as in the benchmark files), run through one client with --concurrency "
         "workflows in flight; a task the deployment refuses (or that runs out of time) gets its error and the "
         "others go on (the command then exits 1).",
     ),
@@ -214,10 +215,32 @@ def submitted_tasks(task: str, tasks_file: Path | None, concurrency: int) -> lis
         lines = tasks_file.read_text().splitlines()
     except OSError as exc:
         raise ValueError(f"cannot read --tasks-file {tasks_file}: {exc.strerror}") from None
-    tasks = [line.strip() for line in lines if line.strip()]
+    tasks = [_task_of_line(line.strip(), n, tasks_file) for n, line in enumerate(lines, 1) if line.strip()]
     if not tasks:
         raise ValueError(f"--tasks-file {tasks_file} has no tasks; write one task per line")
     return tasks
+
+
+def _task_of_line(line: str, n: int, path: Path) -> str:
+    """A tasks file's line: the task's text, or a JSON object whose question / problem / prompt /
+    context field is (a line of the benchmark files in ``shared/data/tasks``)."""
+    import json
+
+    from graphflow.workflow.tasks import TEXT_FIELDS, task_text
+
+    if not line.startswith("{"):
+        return line
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError:
+        return line  # NOTE: a task's text that happens to start with a brace
+    text = task_text(raw) if isinstance(raw, dict) else None
+    if text is None:
+        raise ValueError(
+            f"line {n} of --tasks-file {path} is a JSON object with no task text; give it one of the fields "
+            f"{', '.join(TEXT_FIELDS)}, or write the task's text on the line"
+        )
+    return text
 
 
 def attach(address: str) -> Any:

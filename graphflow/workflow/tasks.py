@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHMARKS", "TaskExample", "default_tasks_dir", "load_tasks", "require_task", "task_text"]
+__all__ = ["BENCHMARKS", "TEXT_FIELDS", "TaskExample", "default_tasks_dir", "load_tasks", "require_task", "task_text"]
 
 BENCHMARKS = {
     "gsm8k": "GSM8K",
@@ -18,7 +18,7 @@ BENCHMARKS = {
     "hotpotqa": "HotpotQA",
     "drop": "DROP",
 }
-_TEXT_FIELDS = ("question", "problem", "prompt", "context")
+TEXT_FIELDS = ("question", "problem", "prompt", "context")
 
 
 def require_task(task: str) -> None:
@@ -43,7 +43,7 @@ def default_tasks_dir() -> Path:
 
 def task_text(raw: dict[str, Any]) -> str | None:
     """The task's text: the first of question / problem / prompt / context that is a string."""
-    for f in _TEXT_FIELDS:
+    for f in TEXT_FIELDS:
         v = raw.get(f)
         if isinstance(v, str) and v.strip():
             return v.strip()

@@ -1,5 +1,7 @@
 """``graphflow submit`` and ``status``: what is checked before connecting, and the status tables."""
 
+import pytest
+
 
 def test_status_tables_show_every_name_and_figure_whole_in_80_columns():
     import io
@@ -83,6 +85,22 @@ def test_a_tasks_file_is_checked_before_connecting(tmp_path):
         2,
         "error: --timeout must be 0 (no limit) or more, got -1",
     )
+
+
+def test_a_tasks_file_takes_benchmark_lines_by_their_task_text(tmp_path):
+    """A line of ``shared/data/tasks`` (a JSON object) is its question / problem / prompt /
+    context; a plain line is the task's text, a brace at its start included."""
+    from graphflow.cli.submit import submitted_tasks
+
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"question": " Add 2 and 3. ", "answer": "5"}\nPlain text.\n{not json} is a task too\n')
+    assert submitted_tasks("", mixed, 4) == ["Add 2 and 3.", "Plain text.", "{not json} is a task too"]
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text('Plain.\n{"answer": "5"}\n')
+    with pytest.raises(
+        ValueError, match="line 2 of --tasks-file .* is a JSON object with no task text; give it one of"
+    ):
+        submitted_tasks("", bare, 4)
 
 
 def test_submit_without_a_task_says_what_to_give():
