@@ -13,8 +13,8 @@ plans, then forgotten. Without that the records of every node ever served stayed
 snapshot, which writes them all and holds the manager meanwhile, grew with the deployment's age
 (``graphflow bench manager-life``: 0.55 s after 30,000 nodes, against 0.11 s with runs ended).
 A run begun with its client (``begin_run``) whose client goes away without ending it is ended
-for it (``end_runs_of``, which the manager's actor calls: ``runtime.manager_actor``).
-Forgetting records also drops the catalog's evicted rows that no kept record and no live row
+for it (``end_runs_of``, which the manager's actor calls: ``runtime.manager_actor``). Which
+runs are running or ended, and which are due, is kept by ``graphflow.kv.run_ledger``. Forgetting records also drops the catalog's evicted rows that no kept record and no live row
 (as a parent) names (``Catalog.compact``).
 
 Times are passed in (``now_s``), never read from a clock here (only snapshot pacing and timing,
@@ -52,6 +52,7 @@ from graphflow.kv.eviction_plan import plan_eviction
 from graphflow.kv.keys import ROOT_KEY, chain_keys
 from graphflow.kv.manager_snapshot import SnapshotPacer, read_snapshot, write_snapshot
 from graphflow.kv.recovery_plan import plan_recovery
+from graphflow.kv.run_ledger import RETAIN_ENDED_S, RunLedger
 from graphflow.kv.state_index import StateIndex
 from scheduler.eviction import EvictionWeights
 
@@ -72,9 +73,6 @@ __all__ = [
 ]
 
 
-RETAIN_ENDED_S = 600.0
-
-
 class KVStateManager:
     """Catalog + states + replicas; see the module docstring for the call pattern."""
 
@@ -87,12 +85,7 @@ class KVStateManager:
     ) -> None:
         if block_tokens <= 0:
             raise ValueError(f"block_tokens must be positive, got {block_tokens}")
-        if not retain_ended_s >= 0:
-            raise ValueError(f"retain_ended_s must be 0 or more seconds, got {retain_ended_s}")
-        self.retain_ended_s = retain_ended_s
-        self._ended: dict[str, float] = {}  # run → when it ended (its records still kept)
-        self._owners: dict[str, str] = {}  # running run → its client's Ray job id (runs that have one)
-        self._abandoned = 0  # runs ended for a client that was gone
+        self._runs = RunLedger(retain_ended_s)
         self._snapshot_s = 0.0  # how long the last snapshot took
         self.block_tokens = block_tokens
         self.catalog = Catalog(epoch_s)
@@ -111,7 +104,13 @@ class KVStateManager:
     def snapshot(self, folder: str | Path) -> None:
         """Write the catalog, states and replicas into ``folder`` (atomically swapped in)."""
         self._snapshot_s = write_snapshot(
-            folder, self.catalog, list(self._states), self.replicas, self.block_tokens, self._ended, self._owners
+            folder,
+            self.catalog,
+            list(self._states),
+            self.replicas,
+            self.block_tokens,
+            self._runs.ended,
+            self._runs.owners,
         )
 
     def enable_snapshots(self, folder: str | Path, every_s: float = 5.0) -> None:
@@ -123,9 +122,11 @@ class KVStateManager:
             self.snapshot(self._pacer.folder)
 
     @classmethod
-    def restore(cls, folder: str | Path, weights: EvictionWeights | None = None) -> KVStateManager:
+    def restore(
+        cls, folder: str | Path, weights: EvictionWeights | None = None, retain_ended_s: float = RETAIN_ENDED_S
+    ) -> KVStateManager:
         """A manager rebuilt from :meth:`snapshot`; ``ValueError`` for another schema version."""
-        mgr = cls(weights=weights)
+        mgr = cls(weights=weights, retain_ended_s=retain_ended_s)
         mgr.load_snapshot(folder)
         return mgr
 
@@ -137,8 +138,8 @@ class KVStateManager:
         self.catalog, self.block_tokens = snap.catalog, snap.block_tokens
         self._replicas = {info.name: info for info in snap.replicas}
         self._states = StateIndex(snap.records)
-        self._ended = dict(snap.ended)
-        self._owners = dict(snap.owners)
+        self._runs.ended = dict(snap.ended)
+        self._runs.owners = dict(snap.owners)
         return len(snap.records)
 
     # ---- replicas ------------------------------------------------------------------------
@@ -277,40 +278,38 @@ class KVStateManager:
         """The states whose records it keeps, in admission order."""
         return [r.state.state_id for r in self._states]
 
+    # ---- runs (graphflow.kv.run_ledger) -----------------------------------------------------
+    @property
+    def retain_ended_s(self) -> float:
+        return self._runs.retain_ended_s
+
     def begin_run(self, run: str, owner: str) -> None:
         """``run`` starts, driven by the client ``owner`` (its Ray job id; "" for none): if that
         client goes away without ending the run, :meth:`end_runs_of` ends it."""
-        if owner:
-            self._owners[run] = owner
+        self._runs.begin(run, owner)
 
     def run_owners(self) -> set[str]:
         """The clients of the runs begun and not yet ended."""
-        return set(self._owners.values())
+        return self._runs.running_owners()
 
     def end_runs_of(self, owners: Iterable[str], now_s: float) -> list[str]:
         """End the runs of clients that are gone (``owners``), as each would have; returns them."""
-        gone = set(owners)
-        runs = [run for run, owner in self._owners.items() if owner in gone]
+        runs = self._runs.runs_of(owners)
         for run in runs:
             self.end_run(run, now_s)
-        self._abandoned += len(runs)
         return runs
 
     def end_run(self, run: str, now_s: float) -> int:
         """``run`` is over (no more admits will name its states); its records go once
         ``retain_ended_s`` has passed (:meth:`forget_ended`). Returns the records forgotten now."""
-        self._owners.pop(run, None)
-        self._ended[run] = now_s
+        self._runs.end(run, now_s)
         return self.forget_ended(now_s)
 
     def forget_ended(self, now_s: float) -> int:
         """Forget the records of runs that ended ``retain_ended_s`` or more before ``now_s``
         (each ``end_run`` does this; the manager's actor also does it every minute, so an idle
         deployment forgets too). Returns the records forgotten."""
-        due = [r for r, ended_s in self._ended.items() if now_s - ended_s >= self.retain_ended_s]
-        for r in due:
-            del self._ended[r]
-        forgotten = sum(self._states.forget_run(r) for r in due)
+        forgotten = sum(self._states.forget_run(r) for r in self._runs.due(now_s))
         if forgotten:
             recorded = [k for rec in self._states for k in rec.state.block_keys]
             self.catalog.compact(np.asarray(recorded, dtype=np.uint64))
@@ -377,9 +376,9 @@ class KVStateManager:
             records=len(self._states),
             catalog_rows=len(self.catalog.col("key")),
             live_copies=len(self.catalog),
-            running_runs=len(self._owners),
-            ended_runs=len(self._ended),
-            abandoned_runs=self._abandoned,
+            running_runs=len(self._runs.owners),
+            ended_runs=len(self._runs.ended),
+            abandoned_runs=self._runs.abandoned,
             snapshot_s=self._snapshot_s,
         )
 

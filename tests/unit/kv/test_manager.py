@@ -209,8 +209,7 @@ def test_a_restored_manager_still_forgets_the_runs_that_had_ended(tmp_path):
     _admit(mgr, "r0", "run-2:ROOT", list(range(100, 108)))
     assert mgr.end_run("run-1", 5.0) == 0
     mgr.snapshot(tmp_path)  # run-1 ended, its records still kept; run-2 still running
-    back = KVStateManager.restore(tmp_path)
-    back.retain_ended_s = 10.0
+    back = KVStateManager.restore(tmp_path, retain_ended_s=10.0)
     assert back.state_ids() == ["run-1:ROOT", "run-2:ROOT"]
     assert back.end_run("run-3", 15.0) == 1 and back.state_ids() == ["run-2:ROOT"]
     (tmp_path / "runs.json").unlink()  # a snapshot of an older version: no ended runs known
