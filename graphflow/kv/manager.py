@@ -14,7 +14,8 @@ snapshot, which writes them all and holds the manager meanwhile, grew with the d
 (``graphflow bench manager-life``: 0.55 s after 30,000 nodes, against 0.11 s with runs ended).
 A run begun with its client (``begin_run``) whose client goes away without ending it is ended
 for it (``end_runs_of``, which the manager's actor calls: ``runtime.manager_actor``). Which
-runs are running or ended, and which are due, is kept by ``graphflow.kv.run_ledger``. Forgetting records also drops the catalog's evicted rows that no kept record and no live row
+runs are running or ended, and which are due, is kept by ``graphflow.kv.run_ledger``.
+Forgetting records also drops the catalog's evicted rows that no kept record and no live row
 (as a parent) names (``Catalog.compact``).
 
 Times are passed in (``now_s``), never read from a clock here (only snapshot pacing and timing,
