@@ -47,6 +47,8 @@ def folding_table(*columns: str, title: str | None = None, whole: tuple[str, ...
 
 # NOTE: a RuntimeError means our own state is broken (CONVENTIONS): it keeps its traceback
 _USER_ERRORS = (ValueError, TypeError, TransportError, Unavailable, ConnectionError, MemoryError)
+# NOTE: a path that is not there, not a folder, or not the caller's to write (an --out in a missing folder)
+_PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
 
 
 def user_errors(fn: F) -> F:
@@ -57,8 +59,11 @@ def user_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except _USER_ERRORS as exc:
-            err.print(f"[bold red]error:[/] {escape(error_message(exc))}", highlight=False, soft_wrap=True)
+        except (*_USER_ERRORS, *_PATH_ERRORS) as exc:
+            said = error_message(exc)
+            if isinstance(exc, OSError) and exc.filename is not None:
+                said = f"{exc.filename}: {exc.strerror}; give a path whose folder exists and that you may use"
+            err.print(f"[bold red]error:[/] {escape(said)}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]

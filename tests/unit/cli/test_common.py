@@ -32,6 +32,15 @@ def test_a_caller_mistake_and_a_missing_tool_are_one_line_and_exit_2():
         assert len(lines) == 1 and str(exc) in lines[0]
 
 
+def test_a_path_that_cannot_be_used_is_one_line_naming_it():
+    result = runner.invoke(_app(FileNotFoundError(2, "No such file or directory", "/no/such/wf.yaml")), [])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "/no/such/wf.yaml: No such file or directory; give a path whose folder exists" in lines[0]
+    result = runner.invoke(_app(PermissionError("[Errno 13] Failed to open local file '/x'")), [])
+    assert result.exit_code == 2 and "Failed to open local file '/x'" in result.output
+
+
 def test_broken_state_is_not_turned_into_a_user_error():
     result = runner.invoke(_app(RuntimeError("block refcounts do not match")), [])
     assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
