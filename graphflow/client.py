@@ -218,6 +218,7 @@ class Client:
         ``on_node`` is called with each node's trace as it finishes (progress); past
         ``timeout_s`` (from this call: its encoding and plan included), ``RunTimeout``."""
         require_task(task)
+        _require_workflow(workflow)
         deadline = Deadline(timeout_s, 0)
         first = self.cluster.replicas[0]
         ids = self.cluster.call(first, "encode", task)
@@ -257,6 +258,7 @@ class Client:
             raise ValueError(f"concurrency must be 1 or more, got {concurrency}")
         for task in tasks:
             require_task(task)
+        _require_workflow(workflow)
 
         def one(i: int, task: str) -> TaskOutcome:
             start = time.perf_counter()
@@ -294,6 +296,15 @@ class Client:
 
 
 CALIBRATION_KEY = "calibration"
+
+
+def _require_workflow(workflow: object) -> None:
+    """Refuse a ``workflow`` that is neither ``None`` nor a :class:`Workflow` (``TypeError``)."""
+    if workflow is not None and not isinstance(workflow, Workflow):
+        raise TypeError(
+            f"workflow must be a graphflow Workflow or None (a replica plans one), not {type(workflow).__name__}; "
+            "read one from YAML with graphflow.workflow.corpus.load_yaml_workflows"
+        )
 
 
 def new_run_id() -> str:

@@ -134,10 +134,13 @@ def test_a_task_out_of_time_is_its_own_outcome_and_says_so():
 
 
 def test_run_many_runs_every_task_through_a_given_workflow_or_has_each_planned():
+    from graphflow.workflow.corpus import Workflow, WorkflowNode
+
+    mine = Workflow("mine", "gsm8k", (WorkflowNode("n1", "AnswerGenerate", "solve"),), (), ("n1",))
     client = _Runs()
-    client.run_many(["a", "b"], concurrency=2, workflow="mine")  # type: ignore[arg-type]
+    client.run_many(["a", "b"], concurrency=2, workflow=mine)
     client.run_many(["c"])
-    assert client.workflows == ["mine", "mine", None]
+    assert client.workflows == [mine, mine, None]
 
 
 def test_run_many_refuses_bad_input_before_running_anything():
@@ -146,7 +149,17 @@ def test_run_many_refuses_bad_input_before_running_anything():
         client.run_many(["a"], concurrency=0)
     with pytest.raises(ValueError, match="the task is empty"):
         client.run_many(["a", " "])
+    with pytest.raises(
+        TypeError, match="workflow must be a graphflow Workflow or None .*, not str; read one from YAML"
+    ):
+        client.run_many(["a"], workflow="wf.yaml")  # type: ignore[arg-type]
     assert client.most == 0
+
+
+def test_run_refuses_a_workflow_that_is_not_one_before_asking_a_replica(client, monkeypatch):
+    monkeypatch.setattr(client.cluster, "call", lambda *_a: pytest.fail("a replica was asked"))
+    with pytest.raises(TypeError, match="workflow must be a graphflow Workflow or None"):
+        client.run("Add 2 and 3.", workflow={"nodes": []})  # type: ignore[arg-type]
 
 
 def test_a_task_without_a_workflow_is_planned_on_a_replica(client, monkeypatch):
