@@ -119,8 +119,12 @@ class Deployment:
             raise ValueError(
                 "a cuda deployment needs gpus_per_replica > 0 (--gpus-per-replica) so Ray places each replica on a GPU"
             )
-        if self.threads < 0 or self.prefault_bytes < 0:
-            raise ValueError("threads and prefault must be non-negative")
+        if self.threads < 0:
+            raise ValueError(
+                f"--threads must be 0 (each node's CPUs shared by its replicas) or more, got {self.threads}"
+            )
+        if self.prefault_bytes < 0:
+            raise ValueError(f"the receive memory to prefault must be 0 bytes or more, got {self.prefault_bytes}")
         if self.gpus_per_replica < 0:
             raise ValueError(f"gpus_per_replica must be non-negative, got {self.gpus_per_replica}")
         if self.batching and self.max_batch_tokens <= BATCH_ROWS:
