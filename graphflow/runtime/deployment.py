@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from graphflow.kv.differential.modes import kv_mode as kv_mode_of
 from graphflow.runtime.batch_limits import BATCH_ROWS, MAX_BATCH_TOKENS
+from graphflow.runtime.replica_config import check_device
 from graphflow.workflow.templates import template_set
 
 __all__ = ["TRANSPORTS", "Deployment", "gpu_shortfall", "gpus_for", "replica_threads"]
@@ -115,6 +116,7 @@ class Deployment:
             raise ValueError(
                 f"unknown transport {self.transport!r} for served replicas; use one of {', '.join(TRANSPORTS)}"
             )
+        check_device(self.device)
         if self.device.startswith("cuda") and self.gpus_per_replica <= 0:
             raise ValueError(
                 "a cuda deployment needs gpus_per_replica > 0 (--gpus-per-replica) so Ray places each replica on a GPU"

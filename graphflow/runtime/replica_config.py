@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from graphflow.runtime.batch_limits import BATCH_ROWS, MAX_BATCH_TOKENS
 from graphflow.runtime.kept import check_policy
 
-__all__ = ["ReplicaConfig"]
+__all__ = ["ReplicaConfig", "check_device"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +40,14 @@ class ReplicaConfig:
             raise ValueError(
                 f"max_batch_tokens must exceed {BATCH_ROWS} (a step holds every decode), got {self.max_batch_tokens}"
             )
-        if self.device != "cpu" and not self.device.startswith("cuda"):
-            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        check_device(self.device)
         if self.threads < 0 or self.prefault_bytes < 0:
             raise ValueError(
                 f"threads and prefault_bytes must be non-negative, got {self.threads}, {self.prefault_bytes}"
             )
+
+
+def check_device(device: str) -> None:
+    """Refuse a device a replica cannot run on (``ValueError``, one sentence)."""
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"device must be cpu or cuda[:N], got {device!r}")

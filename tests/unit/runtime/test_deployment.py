@@ -26,6 +26,7 @@ def test_a_cuda_deployment_without_gpus_is_refused():
     [
         ({"replicas": 0}, "at least one replica"),
         ({"transport": "mpi"}, "unknown transport 'mpi'"),
+        ({"device": "tpu"}, "device must be cpu or cuda"),
         ({"gpus_per_replica": -1.0}, "non-negative"),
         ({"threads": -1}, "--threads must be 0 .* or more, got -1"),
         ({"prefault_bytes": -1}, "prefault must be 0 bytes or more, got -1"),
