@@ -73,8 +73,9 @@ def bench_catalog(
     seed: int = 0,
     say: Callable[[str], None] = lambda _m: None,
 ) -> CatalogBench:
-    if blocks <= 0 or blocks_per_state <= 0:
-        raise ValueError(f"blocks and blocks_per_state must be positive, got {blocks}, {blocks_per_state}")
+    for name, value in (("--blocks", blocks), ("--blocks-per-state", blocks_per_state), ("lookups", lookups)):
+        if value <= 0:
+            raise ValueError(f"{name} must be 1 or more, got {value}")
     rng = np.random.default_rng(seed)
     keys = np.unique(rng.integers(1, np.iinfo(np.int64).max, size=int(blocks * 1.01), dtype=np.int64)).astype(np.uint64)
     keys = rng.permutation(keys)[:blocks]
