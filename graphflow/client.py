@@ -358,7 +358,9 @@ def connect(
     from graphflow.runtime.deployment import Deployment, gpus_for
 
     if address is None:
-        ray = start_local()
+        from graphflow.models.registry import resolve
+
+        resolve(model)  # NOTE: an unknown model is one sentence here, not a replica that dies at creation
         want = Deployment(
             model,
             replicas,
@@ -375,7 +377,8 @@ def connect(
             templates=templates,
             recompute_fraction=recompute_fraction,
             memory_price=memory_price,
-        )
+        )  # NOTE: checks the settings before Ray starts
+        ray = start_local()
         cluster = RayCluster.start(ray, want, replace_existing=True)
         calibration = calibrate_cluster(cluster)
     else:

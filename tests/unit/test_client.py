@@ -82,6 +82,19 @@ def test_negative_decode_steps_are_refused_before_anything_starts():
         connect(decode_steps=-3)  # NOTE: refused before Ray is started or attached to
 
 
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [({"model": "nope"}, "unknown model 'nope'; known models"), ({"kv_mode": "x"}, "unknown KV mode 'x'")],
+)
+def test_an_embedded_deployment_checks_its_settings_before_ray_starts(monkeypatch, settings, says):
+    from graphflow.client import connect
+    from graphflow.runtime import cluster
+
+    monkeypatch.setattr(cluster, "start_local", lambda *_a, **_k: pytest.fail("Ray was started"))
+    with pytest.raises(ValueError, match=says):
+        connect(None, **settings)
+
+
 class _Runs(Client):
     """``Client.run_many`` over a stand-in ``run`` (no replicas): records how many tasks were in
     flight at once and refuses the tasks that say so, as the deployment would."""
