@@ -116,6 +116,12 @@ def connect(address: str, namespace: str = "graphflow") -> Any:
                 else "Ray 2.60 clusters use token auth: set RAY_AUTH_MODE=token for both the head (ray start) and "
                 "this client, with the head's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
             )
+            if not lost_server and address != "auto" and not address.startswith("ray://"):
+                # NOTE: a Ray client port (serve prints ray://host:10001) given without its scheme is
+                # asked for a GCS, which it is not; Ray's error then reads as any failed connect
+                hint = (
+                    f"if {address} is a Ray client port (`serve` prints ray://HOST:10001), pass ray://{address}. {hint}"
+                )
             raise ConnectionError(
                 f"could not connect to Ray at {address} ({str(exc).splitlines()[0]}). {hint}"
             ) from None

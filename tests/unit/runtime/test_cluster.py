@@ -164,3 +164,11 @@ def test_auto_fails_at_once_where_rays_record_names_a_head_that_is_gone(monkeypa
     assert cluster.auto_address() == ("ray://127.0.0.1:2", "RAY_ADDRESS")
     with pytest.raises(ConnectionError, match="RAY_ADDRESS names the Ray head at ray://127.0.0.1:2"):
         cluster.connect("auto")
+
+
+def test_a_client_port_given_without_its_scheme_is_pointed_at_ray_scheme(monkeypatch):
+    monkeypatch.setattr(cluster, "_check_reachable", lambda _a: None)
+    _, said = _refused(monkeypatch, "Failed to connect to Ray cluster at 10.0.0.1:10001", address="10.0.0.1:10001")
+    assert "pass ray://10.0.0.1:10001" in said and "RAY_AUTH_MODE=token" in said
+    _, said = _refused(monkeypatch, "Authentication failed")  # NOTE: a ray:// address: no such hint
+    assert "pass ray://" not in said
