@@ -7,6 +7,8 @@ helpers and the error policy they share.
 
 from __future__ import annotations
 
+import inspect
+
 import typer
 
 from graphflow.cli import bench, check, cluster, models, serve, submit, sweep, workflow
@@ -37,6 +39,22 @@ for command, name in (
     (workflow.generate, "generate"),
 ):
     app.command(name)(command)
+
+
+def _one_line_summaries(group: typer.Typer) -> None:
+    """Give every command of ``group`` (and its subgroups) its docstring's first paragraph on one
+    line as the summary its group's ``--help`` lists: Typer's rich help keeps the docstring's line
+    breaks there, which cut the listing's sentences mid-line."""
+    for info in group.registered_commands:
+        doc = info.help or (info.callback.__doc__ if info.callback is not None else None)
+        if info.short_help is None and doc:
+            info.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _one_line_summaries(sub.typer_instance)
+
+
+_one_line_summaries(app)
 
 
 def main() -> None:

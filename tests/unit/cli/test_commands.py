@@ -102,3 +102,18 @@ def test_generate_writes_a_workflow_that_submit_can_run(tmp_path):
     shown = json.loads(got.stdout.strip().splitlines()[-1])
     wf = submitted_workflow(path)
     assert shown["workflow_file"] == str(path) and [n["id"] for n in shown["nodes"]] == [n.id for n in wf.nodes]
+
+
+def test_every_group_lists_its_commands_in_whole_sentences():
+    """A group's ``--help`` lists each command by its docstring's first paragraph on one line
+    (Typer's rich help kept the docstring's line breaks there, mid-sentence)."""
+    listed = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "200"}).output
+    row = next(line for line in listed.splitlines() if "manager-life" in line)
+    assert "records kept and snapshot time after each count of nodes served" in row, listed
+
+    def commands(group):
+        yield from group.registered_commands
+        for sub in group.registered_groups:
+            yield from commands(sub.typer_instance)
+
+    assert all(info.short_help and "\n" not in info.short_help for info in commands(app))
