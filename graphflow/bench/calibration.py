@@ -13,7 +13,7 @@ from transport.base import TransportConfig
 from transport.local import LocalTransport
 from transport.probe import probe_pair
 
-__all__ = ["PREFILL_LENGTHS", "PROBE_TOKENS", "TEMPLATE_LENGTHS", "calibrate", "reconstruct_samples"]
+__all__ = ["PREFILL_LENGTHS", "PROBED_BACKENDS", "PROBE_TOKENS", "TEMPLATE_LENGTHS", "calibrate", "reconstruct_samples"]
 
 PREFILL_LENGTHS = (96, 384, 1536, 3000)
 PROBE_TOKENS = (48, 400, 1600, 5000)
@@ -32,9 +32,15 @@ def _local_link(sizes: Sequence[int], block_bytes: int, repeats: int) -> list[tu
         b.close()
 
 
+PROBED_BACKENDS = ("ucx", "mpi", "local")  # NOTE: the links `calibrate` can measure between two processes here
+
+
 def calibrate(
     model: str, backends: Sequence[str], out: Path, repeats: int = 3, say: Callable[[str], None] = lambda _m: None
 ) -> Profile:
+    unknown = [b for b in backends if b not in PROBED_BACKENDS]
+    if unknown:  # NOTE: before the model loads and the prefill timings run (minutes on a real model)
+        raise ValueError(f"cannot probe backend {unknown[0]!r} here; use {', '.join(PROBED_BACKENDS)}")
     engine = Engine.load(model, say=say)
     bpt, bt = engine.kv_bytes_per_token(), 16
     say(f"prefill and cache rebuild at {', '.join(map(str, PREFILL_LENGTHS))} tokens")
@@ -63,7 +69,7 @@ def calibrate(
             ]
             samples = [(int(n), float(sec)) for n, sec in run_two_processes(backend, args, timeout_s=3600)[1]]
         else:
-            raise ValueError(f"cannot probe backend {backend!r} here; use ucx, mpi or local")
+            raise RuntimeError(f"backend {backend!r} passed the check above but has no probe")
         links[backend] = fit_link(samples, backend)
     say("timing template rebuilds (base + residual)")
     rebuild = fit_linear(reconstruct_samples(engine, repeats=repeats))
