@@ -104,14 +104,9 @@ class KVStateManager:
     # ---- snapshots (graphflow.kv.manager_snapshot) ---------------------------------------
     def snapshot(self, folder: str | Path) -> None:
         """Write the catalog, states and replicas into ``folder`` (atomically swapped in)."""
+        runs, states = self._runs, list(self._states)
         self._snapshot_s = write_snapshot(
-            folder,
-            self.catalog,
-            list(self._states),
-            self.replicas,
-            self.block_tokens,
-            self._runs.ended,
-            self._runs.owners,
+            folder, self.catalog, states, self.replicas, self.block_tokens, runs.ended, runs.owners
         )
 
     def enable_snapshots(self, folder: str | Path, every_s: float = 5.0) -> None:
@@ -280,10 +275,6 @@ class KVStateManager:
         return [r.state.state_id for r in self._states]
 
     # ---- runs (graphflow.kv.run_ledger) -----------------------------------------------------
-    @property
-    def retain_ended_s(self) -> float:
-        return self._runs.retain_ended_s
-
     def begin_run(self, run: str, owner: str) -> None:
         """``run`` starts, driven by the client ``owner`` (its Ray job id; "" for none): if that
         client goes away without ending the run, :meth:`end_runs_of` ends it."""

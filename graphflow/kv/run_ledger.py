@@ -1,7 +1,8 @@
 """Which workflow runs the KV-state manager has seen begin and end, and when their records go.
 
 A run begun with its client (``begin``: the client's Ray job id) whose client goes away without
-ending it is ended for it (``end_runs_of``); an ended run's state records are kept
+ending it is ended for it (``runs_of`` names those; the manager's ``end_runs_of`` ends them); an
+ended run's state records are kept
 ``retain_ended_s`` longer, for lineage queries and recovery plans, then forgotten (``due``). The
 manager (``graphflow.kv.manager``) keeps the records; this keeps the runs. Times are passed in.
 """

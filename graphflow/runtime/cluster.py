@@ -274,21 +274,20 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         )
 
 
-def auto_address(temp_dir: str = "") -> tuple[str, str]:
+def auto_address() -> tuple[str, str]:
     """Where ``ray.init(address="auto")`` connects, as Ray resolves it, and what said so:
     ``RAY_ADDRESS`` when set, else Ray's record of the last head started on this machine
-    (``ray_current_cluster`` in its temp folder); ``("", "")`` when neither names one (Ray then
+    (``head_processes.current_cluster_record``); ``("", "")`` when neither names one (Ray then
     looks for a running head itself and says when there is none). A head that died without
-    ``ray stop`` leaves that record behind, and Ray retries it for minutes. ``temp_dir``: Ray's
-    temp folder ("": Ray's default, ``RAY_TMPDIR`` or ``TMPDIR`` else ``/tmp``, then ``ray``)."""
+    ``ray stop`` leaves that record behind, and Ray retries it for minutes."""
+    from graphflow.runtime.head_processes import current_cluster_record
+
     env = os.environ.get("RAY_ADDRESS", "")
     if env and env != "auto":
         return env, "RAY_ADDRESS"
-    system = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
-    record = os.path.join(temp_dir or os.path.join(system, "ray"), "ray_current_cluster")
+    record = current_cluster_record()
     try:
-        with open(record) as f:
-            named = f.read().strip()
+        named = record.read_text().strip()
     except OSError:
         return "", ""
     return (named, f"Ray's record of the last head started here ({record})") if named else ("", "")

@@ -25,6 +25,7 @@ import psutil
 __all__ = [
     "HeadProcess",
     "client_proxy_forks_with_grpc_handlers",
+    "current_cluster_record",
     "forget_current_cluster",
     "head_processes",
     "local_addresses",
@@ -128,10 +129,18 @@ def client_proxy_forks_with_grpc_handlers(port: int) -> bool | None:
     return None
 
 
-def forget_current_cluster(port: int, temp_dir: str = "/tmp/ray") -> None:
-    """Remove Ray's record of the latest cluster started here (``ray_current_cluster``, which a
-    plain ``ray.init()`` joins) when it names the head at ``port``, as ``ray stop`` does."""
-    record = Path(temp_dir) / "ray_current_cluster"
+def current_cluster_record(temp_dir: str = "") -> Path:
+    """Ray's record of the latest cluster started here (``ray_current_cluster``, which a plain
+    ``ray.init()`` joins) in Ray's temp folder ``temp_dir`` ("": Ray's default, ``RAY_TMPDIR`` or
+    ``TMPDIR`` else ``/tmp``, then ``ray``)."""
+    system = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    return Path(temp_dir or os.path.join(system, "ray")) / "ray_current_cluster"
+
+
+def forget_current_cluster(port: int, temp_dir: str = "") -> None:
+    """Remove Ray's record of the latest cluster started here (:func:`current_cluster_record`)
+    when it names the head at ``port``, as ``ray stop`` does."""
+    record = current_cluster_record(temp_dir)
     try:
         named = record.read_text().strip()
     except OSError:
