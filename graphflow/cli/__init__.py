@@ -12,8 +12,11 @@ import inspect
 import typer
 
 from graphflow.cli import bench, check, cluster, models, serve, submit, sweep, workflow
+from graphflow.cli._common import stopped_by_signal
 
 __all__ = ["app", "main"]
+
+_CTRL_C_EXIT = 130  # NOTE: what Typer exits with on KeyboardInterrupt
 
 app = typer.Typer(
     help="GraphFlow: serve LLM-agent workflows with the KV cache as a first-class object.", no_args_is_help=True
@@ -58,4 +61,13 @@ _one_line_summaries(app)
 
 
 def main() -> None:
-    app()
+    """The command line: SIGTERM and SIGHUP stop any command as Ctrl-C does (its clean-up runs, Ray's
+    embedded processes included), and the exit status is then 128 + the signal's number, as a
+    shell reports a process that signal ended (Typer reports Ctrl-C as 130)."""
+    with stopped_by_signal() as stop:
+        try:
+            app()
+        except SystemExit as done:
+            if stop.signum is not None and done.code == _CTRL_C_EXIT:
+                raise SystemExit(128 + stop.signum) from None
+            raise

@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import typer
@@ -20,6 +21,8 @@ from graphflow.runtime.errors import Unavailable, error_message
 from transport.errors import TransportError
 
 __all__ = [
+    "STOP_SIGNALS",
+    "Stop",
     "emit",
     "err",
     "folding_table",
@@ -72,20 +75,30 @@ def user_errors(fn: F) -> F:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
+@dataclass(slots=True)
+class Stop:
+    """Which of the stop signals ended a :func:`stopped_by_signal` block (``None``: none did)."""
+
+    signum: int | None = None
+
+
 @contextmanager
-def stopped_by_signal(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[None]:
+def stopped_by_signal(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[Stop]:
     """Within the block, each of ``signals`` (SIGTERM from ``kill``, ``timeout``, systemd or a
     container runtime; SIGHUP from a closing terminal) raises ``KeyboardInterrupt`` in the main
     thread, as Ctrl-C does, so a foreground command cleans up the same way for all of them (left
     alone, SIGTERM ended the process at once, or Ray's handler in it printed a stack dump). The
-    handlers before are put back after it; one that Python did not set becomes the default."""
+    :class:`Stop` it yields records which signal it was. The handlers before are put back after
+    it; one that Python did not set becomes the default."""
+    stop = Stop()
 
     def interrupt(signum: int, _frame: object) -> None:
+        stop.signum = signum
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     before = {s: signal.signal(s, interrupt) for s in signals}
     try:
-        yield
+        yield stop
     finally:
         for s, handler in before.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)

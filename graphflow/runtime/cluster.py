@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,11 +51,30 @@ def _ray() -> Any:
     return ray
 
 
+def _init(ray: Any, **kwargs: Any) -> None:
+    """``ray.init(**kwargs)``, after which SIGTERM is Python's to handle again.
+
+    A driver's ``ray.init`` sets a Python SIGTERM handler (``sys.exit``), then its C++ core worker
+    puts a failure-signal handler over it at the OS level: a SIGTERM then printed a stack dump and
+    ended the process by SIGABRT, with no clean-up (what ``timeout``, ``kill`` or a service manager
+    did to an embedded command). Here, called from the main thread, the handler Python code set
+    before ``ray.init`` (the CLI's: stop as Ctrl-C does) is put back, or, where none was, Ray's own
+    Python one, so a SIGTERM ends the process through Python and its ``atexit`` shutdown of Ray."""
+    on_main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if on_main else None
+    ray.init(**kwargs)
+    if on_main:
+        handler = before if callable(before) else signal.getsignal(signal.SIGTERM)
+        if callable(handler):
+            signal.signal(signal.SIGTERM, handler)
+
+
 def start_local(num_cpus: int | None = None, namespace: str = "graphflow") -> Any:
     """Start (or reuse) an embedded single-machine Ray; returns the ``ray`` module."""
     ray = _ray()
     if not ray.is_initialized():
-        ray.init(
+        _init(
+            ray,
             num_cpus=num_cpus,
             namespace=namespace,
             include_dashboard=False,
@@ -96,7 +117,7 @@ def connect(address: str, namespace: str = "graphflow") -> Any:
     attempts = 3 if address.startswith("ray://") else 1
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(address=address, namespace=namespace, log_to_driver=False)
+            _init(ray, address=address, namespace=namespace, log_to_driver=False)
             return ray
         except ConnectionError as exc:
             ray.shutdown()

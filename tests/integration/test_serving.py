@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -235,18 +236,17 @@ def test_serve_submit_status_shutdown(tmp_path):
     assert stale.returncode == 2 and "where nothing answers" in stale.stderr, stale.stderr[-2000:]
 
 
-def test_a_foreground_serve_stopped_by_sigterm_stops_what_it_started():
-    """SIGTERM to the serve's whole process group (as `timeout`, a closing terminal's SIGHUP or a
-    service manager send it) stops the replicas, the manager and the head it started, as Ctrl-C
-    does; the head's processes, in a session of their own, never get the signal themselves."""
+def _stopped_by_sigterm(
+    args: tuple[str, ...], ready: str, at_ready: Callable[[int], object] = lambda _pid: None
+) -> str:
+    """Run ``graphflow *args`` in a process group of its own; once a line of its stderr holds
+    ``ready``, call ``at_ready(pid)`` and send the group SIGTERM (as `timeout`, a closing
+    terminal's SIGHUP or a service manager do). Returns its stderr, ``exit status N`` last."""
     import signal
     import threading
 
-    from graphflow.runtime import head_processes as hp
-
-    subprocess.run([ray_exe(), "stop", "--force"], capture_output=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "graphflow.cli", "serve", "--model", "tiny-llama", "--replicas", "1"],
+        [sys.executable, "-m", "graphflow.cli", *args],
         env=ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -254,27 +254,61 @@ def test_a_foreground_serve_stopped_by_sigterm_stops_what_it_started():
         start_new_session=True,
     )
     said: list[str] = []
-    serving = threading.Event()
+    up = threading.Event()
 
     def read() -> None:
         for line in proc.stderr:
             said.append(line)
-            if "serving until" in line:
-                serving.set()
+            if ready in line:
+                up.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        assert serving.wait(300), "".join(said)[-3000:]
+        assert up.wait(300), "".join(said)[-3000:]
+        at_ready(proc.pid)
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
         reader.join(10)
-    told = "".join(said)
-    assert proc.returncode == 0 and "and the Ray head serve started (SIGTERM)" in told, told[-3000:]
+    return "".join(said) + f"\nexit status {proc.returncode}"
+
+
+def test_a_foreground_serve_stopped_by_sigterm_stops_what_it_started():
+    """SIGTERM to the serve's whole process group stops the replicas, the manager and the head it
+    started, as Ctrl-C does; the head's processes, in a session of their own, never get the
+    signal themselves."""
+    from graphflow.runtime import head_processes as hp
+
+    subprocess.run([ray_exe(), "stop", "--force"], capture_output=True)
+    told = _stopped_by_sigterm(("serve", "--model", "tiny-llama", "--replicas", "1"), "serving until")
+    assert told.endswith("exit status 0") and "and the Ray head serve started (SIGTERM)" in told, told[-3000:]
     assert not answers(HEAD) and not hp.head_processes(6379, hp.running_processes(), hp.local_addresses())
+
+
+def test_an_embedded_command_stopped_by_sigterm_ends_its_ray_and_exits_143():
+    """SIGTERM to a command that started an embedded Ray stops it as Ctrl-C does: exit 128 + 15,
+    no stack dump from Ray's handler, and the Ray processes it started end."""
+    import time
+
+    import psutil
+
+    started: list[psutil.Process] = []
+    told = _stopped_by_sigterm(
+        ("demo", "--model", "tiny-llama", "--replicas", "1", "--tasks", "2"),
+        "run 1/",  # NOTE: Ray and the replica are up
+        lambda pid: started.extend(psutil.Process(pid).children(recursive=True)),
+    )
+    assert started, "the demo started no Ray processes"
+    assert told.endswith("exit status 143") and "SIGTERM received" not in told, told[-3000:]
+    deadline = time.monotonic() + 60
+    while (left := [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(1)
+    assert not left, [str(p) for p in left]
 
 
 def test_check_e2e_exact_mode():

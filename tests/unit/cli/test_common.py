@@ -105,3 +105,29 @@ def test_sigterm_and_sighup_stop_a_foreground_command_as_ctrl_c_does():
             signal.pause()  # NOTE: the handler runs here at the latest; never reached otherwise
         assert stopped.value.args == (signal.Signals(signum).name,)
     assert signal.getsignal(signal.SIGTERM) == before  # NOTE: the handlers before are back
+    with stopped_by_signal() as stop:
+        pass
+    assert stop.signum is None  # NOTE: a block no signal ended says so
+
+
+def test_a_command_a_stop_signal_ends_exits_128_plus_its_number(monkeypatch):
+    """`graphflow`'s main: SIGTERM / SIGHUP end a command as Ctrl-C does (Typer's 130), and the
+    exit status names the signal as a shell would (143 / 129); Ctrl-C itself stays 130."""
+    import os
+    import signal
+
+    import graphflow.cli as cli
+
+    for signum, code in ((signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)):
+        app = typer.Typer()
+
+        @app.command()
+        def wait(signum: int = signum) -> None:
+            os.kill(os.getpid(), signum)
+            signal.pause()  # NOTE: the handler runs here at the latest
+
+        monkeypatch.setattr(cli, "app", app)
+        monkeypatch.setattr("sys.argv", ["graphflow"])
+        with pytest.raises(SystemExit) as done:
+            cli.main()
+        assert done.value.code == code, signal.Signals(signum).name

@@ -172,3 +172,54 @@ def test_a_client_port_given_without_its_scheme_is_pointed_at_ray_scheme(monkeyp
     assert "pass ray://10.0.0.1:10001" in said and "RAY_AUTH_MODE=token" in said
     _, said = _refused(monkeypatch, "Authentication failed")  # NOTE: a ray:// address: no such hint
     assert "pass ray://" not in said
+
+
+class SigtermTakingRay:
+    """A ``ray`` whose ``init`` does to SIGTERM what a driver's does: sets Ray's Python handler,
+    then puts a handler of its own C++ core over it at the OS level (here: ignore it)."""
+
+    def __init__(self, told: list[str]) -> None:
+        self.told = told
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **_kwargs: object) -> None:
+        import ctypes
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda *_: self.told.append("ray"))
+        libc = ctypes.CDLL(None)
+        libc.signal.argtypes, libc.signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
+        libc.signal(signal.SIGTERM, 1)  # NOTE: SIG_IGN, behind Python's back
+
+
+def test_after_ray_starts_sigterm_is_handled_in_python_again(monkeypatch):
+    """``start_local``: a SIGTERM reaches the handler Python code set before Ray started (the
+    CLI's), or Ray's own Python one where there was none, not the handler Ray's core put there."""
+    import os
+    import signal
+    import time
+
+    told: list[str] = []
+    monkeypatch.setattr(cluster, "_ray", lambda: SigtermTakingRay(told))
+    before = signal.getsignal(signal.SIGTERM)
+
+    def terminated() -> list[str]:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):  # NOTE: Python runs the handler between bytecodes, at once in practice
+            if told:
+                break
+            time.sleep(0.01)
+        return told
+
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: told.append("cli"))
+        cluster.start_local()
+        assert terminated() == ["cli"]
+        told.clear()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        cluster.start_local()
+        assert terminated() == ["ray"]
+    finally:
+        signal.signal(signal.SIGTERM, before)
