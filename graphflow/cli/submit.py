@@ -284,10 +284,14 @@ def status_tables(stats: Sequence[ReplicaStats]) -> list[Table]:
     routes = folding_table(
         "from", "to", "transports", "path", title="routes (peers each replica has sent to)", whole=names
     )
+    running = {s.replica for s in stats}
     for s in stats:
         for r in s.routes:
             path = "shared memory" if r.shared_memory else "network"
-            routes.add_row(s.replica, r.peer, ", ".join(r.transports), path)
+            # NOTE: a peer no running replica has the address of (one that died, or a client's probe) is
+            # its transport address, hundreds of hex digits for UCX: shown by its start (--json has it whole)
+            peer = r.peer if r.peer in running else f"no replica now (address starts {r.peer[:12]})"
+            routes.add_row(s.replica, peer, ", ".join(r.transports), path)
     return [replicas, kv, *([routes] if routes.rows else [])]
 
 
@@ -304,6 +308,15 @@ def manager_line(held: ManagerStats, stats: Sequence[ReplicaStats]) -> str:
         f"manager: {held.records} state records, {held.catalog_rows} catalog rows ({held.live_copies} live; "
         f"{held_here}); runs {held.running_runs} running, {held.ended_runs} ended, {held.abandoned_runs} "
         f"abandoned; {snap}"
+    )
+
+
+def replicas_missing_line(running: int, started: int) -> str:
+    """``graphflow status``'s line when fewer replicas run than ``serve`` started."""
+    return (
+        f"{running} of the {started} replicas serve started {'is' if running == 1 else 'are'} running (a replica "
+        "that died, or whose node did, is not restarted by itself); `graphflow serve` with the same settings "
+        "starts the missing ones afresh"
     )
 
 
@@ -331,6 +344,8 @@ def status(
         return
     if served is not None:
         out.print(f"serving {served.describe()}")
+        if len(stats) < served.replicas:
+            out.print(replicas_missing_line(len(stats), served.replicas))
     else:
         out.print(f"serving over {', '.join(sorted({s.transport for s in stats})) or 'no replica'}")
     for table in status_tables(stats):

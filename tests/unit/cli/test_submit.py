@@ -43,6 +43,22 @@ def test_status_tables_show_every_name_and_figure_whole_in_80_columns():
         assert figure in shown, figure
     assert [t.title for t in status_tables(stats)] == ["replicas", "KV", "routes (peers each replica has sent to)"]
     assert [t.title for t in status_tables([replace(s, routes=()) for s in stats])] == ["replicas", "KV"]
+    # replica 1 died: replica 0's route to it names its UCX worker address (hundreds of hex digits)
+    survivor = replace(stats[0], routes=(Route("208a05aa7e72d8c7af" + "0" * 600, ("sysv/memory",)),))
+    console = Console(width=80, record=True, file=io.StringIO())
+    for table in status_tables([survivor]):
+        console.print(table)
+    shown = console.export_text()
+    assert "no replica now (address starts 208a05aa7e72)" in shown, shown
+    assert max(len(line) for line in shown.splitlines()) <= 80, shown
+
+
+def test_status_says_when_fewer_replicas_run_than_serve_started_and_what_to_do():
+    from graphflow.cli.submit import replicas_missing_line
+
+    said = replicas_missing_line(1, 2)
+    assert said.startswith("1 of the 2 replicas serve started is running") and "`graphflow serve`" in said
+    assert replicas_missing_line(2, 4).startswith("2 of the 4 replicas serve started are running")
 
 
 def test_an_empty_task_is_refused_before_connecting():
