@@ -174,6 +174,12 @@ class Transport(ABC):
         "cma/memory")`` within one); empty for a backend that cannot say."""
         return {}
 
+    def forget_peer(self, peer: str) -> bool:
+        """Drop what this transport keeps for reaching ``peer`` (a peer that is gone: its
+        endpoint, its route); ``True`` if it kept anything. A later transfer with that address
+        connects afresh. A backend that keeps nothing per peer keeps nothing to drop."""
+        return False
+
     async def _aclose(self) -> None:  # noqa: B027 - optional hook
         """Release backend resources (endpoints, communicators)."""
 

@@ -109,6 +109,20 @@ class UcxTransport(MessageTransport):
         """The transports UCX chose for each peer connected to (``ucp_ep_query``)."""
         return dict(self._routes)
 
+    def forget_peer(self, peer: str) -> bool:
+        """Abort the endpoint to ``peer`` (on the loop thread: UCX's worker is single-threaded),
+        releasing what it holds of the peer (for a same-host peer, its shared-memory segments)."""
+
+        async def forget() -> bool:
+            self._routes.pop(peer, None)
+            ep = self._endpoints.pop(peer, None)
+            if ep is None:
+                return False
+            ep.abort()
+            return True
+
+        return self.run(forget())
+
     async def _guard(self, aw: Any, bufs: list[memoryview], peer: str) -> None:
         try:
             await aw

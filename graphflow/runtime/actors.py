@@ -115,14 +115,31 @@ def _manager(ray: Any, **options: Any) -> Any:
 def _live_replicas(ray: Any, manager: Any) -> tuple[dict[str, Any], list[str]]:
     """The manager's replicas whose actors still exist (handles), and those that are gone
     (their node died): the manager forgets the blocks of those."""
-    handles, lost = {}, []
+    handles, lost, gone = {}, [], []
     for info in ray.get(manager.list_replicas.remote()):
         try:
             handles[info.name] = named_actor(ray, info.name, ReplicaActor)
         except ValueError:
             ray.get(manager.drop_replica.remote(info.name))
             lost.append(info.name)
+            gone.append(info.address)
+    for address in gone:
+        forget_peer(ray, list(handles.values()), address)
     return handles, lost
+
+
+def forget_peer(ray: Any, replicas: Sequence[Any], address: str) -> None:
+    """Have each of ``replicas`` (actor handles) drop its endpoint to the transport ``address`` of
+    a replica that is gone (for a same-host UCX peer, the endpoint maps the dead process's shared
+    memory; a replica restarted by ``serve`` has a new address). A replica that does not answer
+    is left to the caller's next call to find."""
+    from ray.exceptions import RayActorError
+
+    if not address:
+        return
+    for ref in [r.forget_peer.remote(address) for r in replicas]:
+        with contextlib.suppress(RayActorError):
+            ray.get(ref)
 
 
 def spread_nodes(ray: Any) -> list[str]:
@@ -387,9 +404,11 @@ class RayCluster:
 
     def drop_replica(self, replica: str) -> None:
         """Stop using a replica that died; the manager forgets the blocks it held."""
+        address = next((i.address for i in self.manager("list_replicas") if i.name == replica), "")
         self.replicas = [r for r in self.replicas if r != replica]
         self.handles.pop(replica, None)
         self.manager("drop_replica", replica)
+        forget_peer(self.ray, [self.handles[r] for r in self.replicas], address)
 
     def shared(self, key: str) -> Any:
         """A value the deployment shares with clients (``None`` if never set)."""

@@ -228,6 +228,10 @@ class ReplicaWorker:
         ``MissingBlocks`` if this store lost any."""
         return self.sends.send_blocks(tokens, lo, peer, transfer_id)
 
+    def forget_peer(self, peer: str) -> bool:
+        """Drop this replica's endpoint to the transport address ``peer`` (a replica that is gone)."""
+        return self.transport.forget_peer(peer)
+
     def probe(self, peer: str, nbytes: int, transfer_id: int, send: bool) -> float:
         """One synthetic transfer of ``nbytes`` to or from ``peer``; the receiver's seconds."""
         return self.sends.probe(peer, nbytes, transfer_id, send)

@@ -56,7 +56,8 @@ WORKER_METHODS = (
     "send_blocks",
     "template_report",
 )
-STATUS_METHODS = ("queue_length", "stats", "end_run", "cancel_receive")  # cancel: the node it frees holds a thread
+# NOTE: cancel: the node it frees holds a thread; forget_peer: called while a failure is being handled
+STATUS_METHODS = ("queue_length", "stats", "end_run", "cancel_receive", "forget_peer")
 # a client's own calls (its attach, its task's tokens and plan, operation texts, decoded outputs) on the
 # client group: a new client's first task never waits behind the node calls filling the default group
 CLIENT_METHODS = ("decode_text", "encode", "kv_bytes_per_token", "max_positions", "model_key", "plan")

@@ -48,18 +48,22 @@ from transport.ucx import UcxTransport
 t = UcxTransport()
 before = t.routes()
 t.run(t._endpoint(t.address))  # an endpoint to its own worker, as a same-host peer would get
-print(json.dumps({"before": before, "after": t.routes()[t.address]}))
+after = t.routes()[t.address]
+forgot = [t.forget_peer(t.address), t.routes(), t.forget_peer(t.address)]  # as for a replica that is gone
+t.run(t._endpoint(t.address))  # the same address again: connected afresh
+print(json.dumps({"before": before, "after": after, "forgot": forgot, "again": t.address in t.routes()}))
 t.close()
 """
 
 
 @pytest.mark.ucx
-def test_ucx_reports_the_transports_it_chose_for_a_peer():
+def test_ucx_reports_the_transports_it_chose_for_a_peer_and_forgets_a_gone_one():
     out = subprocess.run([sys.executable, "-c", ROUTE_PROBE], capture_output=True, text=True, timeout=60, env=_env())
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["before"] == {}
     assert got["after"] and all(t.endswith("/memory") for t in got["after"]), got  # one host: no network device
     assert any(t.startswith(("sysv/", "posix/", "cma/", "self/")) for t in got["after"])
+    assert got["forgot"] == [True, {}, False] and got["again"], got  # forgotten: endpoint and route gone
 
 
 @pytest.mark.mpi
