@@ -128,16 +128,22 @@ def _live_replicas(ray: Any, manager: Any) -> tuple[dict[str, Any], list[str]]:
     return handles, lost
 
 
+FORGET_WAIT_S = 10.0  # how long the survivors of a replica that is gone get to drop their endpoint to it
+
+
 def forget_peer(ray: Any, replicas: Sequence[Any], address: str) -> None:
     """Have each of ``replicas`` (actor handles) drop its endpoint to the transport ``address`` of
     a replica that is gone (for a same-host UCX peer, the endpoint maps the dead process's shared
-    memory; a replica restarted by ``serve`` has a new address). A replica that does not answer
-    is left to the caller's next call to find."""
+    memory; a replica restarted by ``serve`` has a new address). Waits at most
+    :data:`FORGET_WAIT_S`: a replica that does not answer by then (on a node that died too, not
+    yet declared dead) is left to the caller's next call to find."""
     from ray.exceptions import RayActorError
 
-    if not address:
+    if not address or not replicas:
         return
-    for ref in [r.forget_peer.remote(address) for r in replicas]:
+    refs = [r.forget_peer.remote(address) for r in replicas]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=FORGET_WAIT_S)
+    for ref in ready:
         with contextlib.suppress(RayActorError):
             ray.get(ref)
 
