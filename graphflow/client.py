@@ -40,6 +40,7 @@ __all__ = [
     "Client",
     "TaskOutcome",
     "calibrate_cluster",
+    "check_decode_steps",
     "connect",
     "measure_link",
     "measure_pair",
@@ -312,6 +313,12 @@ def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:8]}"
 
 
+def check_decode_steps(decode_steps: int) -> None:
+    """Refuse a negative number of decode steps (tokens each node generates after its first)."""
+    if decode_steps < 0:
+        raise ValueError(f"decode steps (--decode: tokens after a node's first) must be 0 or more, got {decode_steps}")
+
+
 def connect(
     address: str | None = None,
     model: str = "tiny-llama",
@@ -350,8 +357,7 @@ def connect(
     An attached client uses the calibration ``graphflow serve`` measured and shared, unless
     there is none, it was measured for another model, or ``recalibrate`` asks for a new one.
     """
-    if decode_steps < 0:
-        raise ValueError(f"decode steps (--decode: tokens after a node's first) must be 0 or more, got {decode_steps}")
+    check_decode_steps(decode_steps)
     from graphflow.runtime.actors import RayCluster
     from graphflow.runtime.cluster import connect as ray_connect
     from graphflow.runtime.cluster import start_local

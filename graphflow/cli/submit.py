@@ -88,7 +88,9 @@ def submit(
         raise ValueError(f"--timeout must be 0 (no limit) or more, got {timeout:g}")
     timeout_s = timeout or None
     workflow = submitted_workflow(workflow_file) if workflow_file is not None else None
-    from graphflow.client import connect
+    from graphflow.client import check_decode_steps, connect
+
+    check_decode_steps(decode)
     from graphflow.workflow.compile import compile_workflow
 
     say(f"connecting to the deployment at {address}")

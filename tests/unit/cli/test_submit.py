@@ -70,6 +70,9 @@ def test_an_empty_task_is_refused_before_connecting():
     result = CliRunner().invoke(app, ["submit", "--address", "ray://127.0.0.1:9", "--task", "  "])
     assert result.exit_code == 2 and "the task is empty; pass the task's text" in result.output, result.output
     assert "connecting" not in result.output
+    negative = CliRunner().invoke(app, ["submit", "--address", "ray://127.0.0.1:9", "--task", "x", "--decode", "-3"])
+    assert negative.exit_code == 2 and "must be 0 or more, got -3" in negative.output, negative.output
+    assert "connecting" not in negative.output
 
 
 def test_a_tasks_file_is_checked_before_connecting(tmp_path):
