@@ -20,8 +20,9 @@ from typing import Any
 
 from graphflow.runtime.actor_names import BOARD_NAME, CLIENT_GROUP, MANAGER_NAME, NAMESPACE, STATUS_GROUP
 from graphflow.runtime.deployment import TRANSPORTS, Deployment, gpu_shortfall, replica_threads
-from graphflow.runtime.errors import Unavailable, load_or_why
+from graphflow.runtime.errors import load_or_why
 from graphflow.runtime.manager_actor import ManagerActor
+from graphflow.runtime.ray_nodes import node_resource, on_node, spread_nodes
 from graphflow.runtime.replica_actor import ReplicaActor
 from graphflow.runtime.replica_config import ReplicaConfig
 from graphflow.runtime.stats import NodeInfo, ReplicaStats
@@ -36,10 +37,8 @@ __all__ = [
     "RayCluster",
     "ReplicaActor",
     "call_worker",
-    "node_resource",
     "on_node",
     "replica_name",
-    "spread_nodes",
 ]
 
 SNAPSHOT_KEY = "snapshot_dir"
@@ -146,33 +145,6 @@ def forget_peer(ray: Any, replicas: Sequence[Any], address: str) -> None:
     for ref in ready:
         with contextlib.suppress(RayActorError):
             ray.get(ref)
-
-
-def spread_nodes(ray: Any) -> list[str]:
-    """Alive Ray node ids, the head first, then by address (the order ``spread`` fills)."""
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    if not alive:
-        raise Unavailable("the Ray cluster reports no alive node")
-
-    def key(n: dict[str, Any]) -> tuple[bool, tuple[int, ...], str]:
-        ip = tuple(int(x) for x in str(n.get("NodeManagerAddress", "0")).split(".") if x.isdigit())
-        return ("node:__internal_head__" not in n.get("Resources", {}), ip, n["NodeID"])
-
-    return [n["NodeID"] for n in sorted(alive, key=key)]
-
-
-def node_resource(ray: Any, nodes: list[str], resource: str) -> list[float]:
-    """How much of ``resource`` (``GPU``, ``CPU``) Ray reports on each of ``nodes`` (ids), in
-    that order."""
-    have = {n["NodeID"]: float(n.get("Resources", {}).get(resource, 0.0)) for n in ray.nodes() if n.get("Alive")}
-    return [have.get(n, 0.0) for n in nodes]
-
-
-def on_node(node_id: str) -> Any:
-    """A scheduling strategy that pins an actor to ``node_id`` (it fails if the node is gone)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
 
 
 def replica_name(i: int) -> str:
