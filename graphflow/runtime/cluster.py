@@ -59,14 +59,28 @@ def _init(ray: Any, **kwargs: Any) -> None:
     ended the process by SIGABRT, with no clean-up (what ``timeout``, ``kill`` or a service manager
     did to an embedded command). Here, called from the main thread, the handler Python code set
     before ``ray.init`` (the CLI's: stop as Ctrl-C does) is put back, or, where none was, Ray's own
-    Python one, so a SIGTERM ends the process through Python and its ``atexit`` shutdown of Ray."""
+    Python one, so a SIGTERM ends the process through Python and its ``atexit`` shutdown of Ray.
+
+    A SIGTERM that lands while ``ray.init`` runs reaches Ray's Python handler, ``sys.exit(15)``;
+    where Python code had set a handler before, that ``SystemExit`` is handed to it instead, so
+    the CLI stops as it does for a SIGTERM at any other time (exit 143, not 15)."""
     on_main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGTERM) if on_main else None
-    ray.init(**kwargs)
-    if on_main:
-        handler = before if callable(before) else signal.getsignal(signal.SIGTERM)
-        if callable(handler):
-            signal.signal(signal.SIGTERM, handler)
+    stopped: SystemExit | None = None
+    try:
+        ray.init(**kwargs)
+    except SystemExit as exc:
+        if not (callable(before) and exc.code == signal.SIGTERM):
+            raise
+        stopped = exc
+    finally:
+        if on_main:
+            handler = before if callable(before) else signal.getsignal(signal.SIGTERM)
+            if callable(handler):
+                signal.signal(signal.SIGTERM, handler)
+    if stopped is not None and callable(before):
+        before(signal.SIGTERM, None)  # NOTE: outside the except block: its exception is the stop's own
+        raise stopped  # NOTE: a handler that returned cannot resume an init Ray left half done
 
 
 def start_local(num_cpus: int | None = None, namespace: str = "graphflow") -> Any:

@@ -223,3 +223,55 @@ def test_after_ray_starts_sigterm_is_handled_in_python_again(monkeypatch):
         assert terminated() == ["ray"]
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+class SigtermDuringInitRay:
+    """A ``ray`` whose ``init`` sets Ray's Python SIGTERM handler (``sys.exit(signum)``) and is
+    sent SIGTERM before it returns."""
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **_kwargs: object) -> None:
+        import signal
+        import sys
+        import threading
+        import time
+
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(signum))
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+        time.sleep(5)  # NOTE: the handler runs at the next bytecode; never sleeps this long
+        raise AssertionError("the SIGTERM did not interrupt init")
+
+
+def test_a_sigterm_while_ray_starts_reaches_the_handler_set_before(monkeypatch):
+    """A SIGTERM during ``ray.init`` stops a CLI command as one at any other time does (its
+    handler runs: exit 143 through the command's clean-up), not with Ray's ``sys.exit(15)``;
+    with no handler set before, Ray's ``SystemExit(15)`` goes on as it was."""
+    import signal
+
+    monkeypatch.setattr(cluster, "_ray", lambda: SigtermDuringInitRay())
+    before = signal.getsignal(signal.SIGTERM)
+    told: list[int] = []
+
+    class Stopped(Exception):
+        pass
+
+    def cli_handler(signum: int, _frame: object) -> None:
+        told.append(signum)
+        raise Stopped
+
+    try:
+        signal.signal(signal.SIGTERM, cli_handler)
+        with pytest.raises(Stopped):
+            cluster.start_local()
+        assert told == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is cli_handler
+        signal.signal(signal.SIGTERM, lambda signum, _frame: told.append(signum))  # NOTE: one that returns
+        with pytest.raises(SystemExit):
+            cluster.start_local()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with pytest.raises(SystemExit) as ended:
+            cluster.start_local()
+        assert ended.value.code == signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, before)
