@@ -251,6 +251,8 @@ def run_serve_bench(
     unknown = [b for b in baselines if b not in SYSTEMS or b == "ours"]
     if unknown:
         raise ValueError(f"unknown baseline {unknown[0]!r}; use any of {', '.join(SYSTEMS[1:])}")
+    if replicas < 1:
+        raise ValueError(f"need at least one replica, got {replicas}")
     if not workflows or min(workflows) < 1 or min(root_tokens, agents, decode) < 1:
         raise ValueError("workflows, --root-tokens, --agents and --decode must all be at least 1")
     if memory_agents < 0 or hol_prefill < 0 or (memory_agents and memory_root < 1):

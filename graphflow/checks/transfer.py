@@ -140,6 +140,12 @@ def ray_side(role: int, check: TransferCheck, folder: str, timeout_s: float) -> 
         transport.close()
 
 
+def check_backend(backend: str) -> None:
+    """Raises ``ValueError`` naming the backends when ``backend`` is none of them."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
+
+
 def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60.0) -> TransferCheckResult:
     """Move a KV state between two processes (two threads for ``local``) and resume decoding.
 
@@ -152,6 +158,7 @@ def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60
     from transport.base import TransportConfig
     from transport.local import LocalTransport
 
+    check_backend(backend)
     if backend in ("ucx", "mpi"):
         from graphflow.harness.launch import run_two_processes
 
@@ -170,7 +177,7 @@ def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60
             sent, got = Sent(**sent_json), Received(**got_json)
             for w in workers:
                 ray.kill(w)
-    elif backend == "local":
+    else:  # NOTE: local (check_backend lets only the four through)
         config = TransportConfig(timeout_s=timeout_s)
         with tempfile.TemporaryDirectory(prefix="graphflow-local-") as folder:
             a, b = LocalTransport(config), LocalTransport(config)
@@ -184,6 +191,4 @@ def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60
                 a.close()
                 b.close()
             sent = out[0]
-    else:
-        raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     return TransferCheckResult(got, sent.seconds, 1 if backend == "local" else 2)

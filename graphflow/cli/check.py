@@ -133,10 +133,11 @@ def check_transfer(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Move a real KV state between two processes and resume decoding on the receiver."""
-    from graphflow.checks.transfer import TransferCheck, run_transfer_check
+    from graphflow.checks.transfer import TransferCheck, check_backend, run_transfer_check
     from graphflow.models.registry import resolve
 
     resolve(model)
+    check_backend(backend)
     say(f"moving a {tokens}-token KV state of {model} over {backend}")
     result = run_transfer_check(backend, TransferCheck(model=model, tokens=tokens), timeout)
     got = result.received

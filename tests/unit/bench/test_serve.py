@@ -65,3 +65,20 @@ def test_cores_are_cpu_seconds_over_the_trial():
     out = ServeReport((r,)).to_json()["rows"][0]
     assert out["replica_cores"] == 1.5 and out["other_cores"] == pytest.approx(0.4)
     assert replace(r, host_cpu_s=14.0).other_cores == 0.0  # windows read a moment apart: never negative
+
+
+def test_bad_sizes_are_refused_before_any_replica_starts():
+    """Each is refused by the checks at the top (no Ray here: a check that let one through would
+    go on to start a deployment and fail differently)."""
+    from graphflow.bench.serve import run_serve_bench
+
+    said: list[str] = []
+    good = dict(model="tiny-llama", replicas=2, workflows=[1], root_tokens=8, agents=2, decode=1, modes=[True])
+    for bad, match in (
+        ({"replicas": 0}, "need at least one replica, got 0"),
+        ({"workflows": [0]}, "must all be at least 1"),
+        ({"baselines": ["ours"]}, "unknown baseline 'ours'"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            run_serve_bench(**{**good, **bad}, say=said.append)  # type: ignore[arg-type]
+    assert said == []
