@@ -204,6 +204,8 @@ def submitted_tasks(task: str, tasks_file: Path | None, concurrency: int) -> lis
     """What ``submit`` was asked to run, checked before anything connects."""
     from graphflow.workflow.tasks import require_task
 
+    if concurrency < 1:  # NOTE: with --task too: an option given is checked, even where it changes nothing
+        raise ValueError(f"--concurrency must be 1 or more, got {concurrency}")
     if tasks_file is None:
         if not task:
             raise ValueError("nothing to run; give --task TEXT or --tasks-file FILE")
@@ -211,8 +213,6 @@ def submitted_tasks(task: str, tasks_file: Path | None, concurrency: int) -> lis
         return [task]
     if task:
         raise ValueError("give --task or --tasks-file, not both")
-    if concurrency < 1:
-        raise ValueError(f"--concurrency must be 1 or more, got {concurrency}")
     try:
         lines = tasks_file.read_text().splitlines()
     except OSError as exc:

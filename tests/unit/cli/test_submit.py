@@ -96,10 +96,8 @@ def test_a_tasks_file_is_checked_before_connecting(tmp_path):
     code, said = submit("--tasks-file", str(tmp_path / "missing.txt"))
     assert code == 2 and "cannot read --tasks-file" in said and "No such file" in said
     assert submit("--tasks-file", str(tasks), "--task", "x") == (2, "error: give --task or --tasks-file, not both")
-    assert submit("--tasks-file", str(tasks), "--concurrency", "0") == (
-        2,
-        "error: --concurrency must be 1 or more, got 0",
-    )
+    for given in (("--tasks-file", str(tasks)), ("--task", "Add 2 and 3.")):
+        assert submit(*given, "--concurrency", "0") == (2, "error: --concurrency must be 1 or more, got 0")
     assert submit("--tasks-file", str(tasks), "--timeout", "-1") == (
         2,
         "error: --timeout must be 0 (no limit) or more, got -1",
