@@ -7,7 +7,7 @@ from typing import Any
 
 from transport.base import Transport, TransportConfig
 
-__all__ = ["BACKENDS", "create"]
+__all__ = ["BACKENDS", "check_backend", "create"]
 
 BACKENDS: dict[str, str] = {
     "local": "transport.local:LocalTransport",
@@ -15,6 +15,13 @@ BACKENDS: dict[str, str] = {
     "mpi": "transport.mpi:MpiTransport",
     "ray": "transport.ray_store:RayTransport",
 }
+
+
+def check_backend(backend: str) -> None:
+    """Raises ``ValueError`` naming the backends when ``backend`` is none of them (what a command
+    checks before it starts anything)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
 
 
 def create(backend: str, config: TransportConfig | None = None, **kwargs: Any) -> Transport:

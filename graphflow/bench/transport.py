@@ -32,7 +32,7 @@ from graphflow.bench.transport_rows import PeerResult, TransportRow, with_peers
 from transport.base import TransferSpec, TransportConfig
 from transport.local import LocalTransport
 from transport.pool import TensorPool
-from transport.registry import BACKENDS
+from transport.registry import check_backend
 
 __all__ = ["bench_transport", "parse_size"]
 
@@ -201,9 +201,8 @@ def bench_transport(
     run); with peers, the ucx rows carry each peer's rate at their size."""
     from graphflow.bench.peers import PEERS, run_peer
 
-    unknown = [b for b in backends if b not in BACKENDS]
-    if unknown:  # NOTE: before any runs, so a typo does not throw away the backends timed before it
-        raise ValueError(f"unknown backend {unknown[0]!r}; use {', '.join(BACKENDS)}")
+    for backend in backends:  # NOTE: before any runs, so a typo does not throw away the backends timed before it
+        check_backend(backend)
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"unknown peer {unknown[0]!r}; use {', '.join(PEERS)}")

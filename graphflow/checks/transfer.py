@@ -30,7 +30,7 @@ from graphflow.kv.packing import blocks_to_cache, cache_to_blocks
 from graphflow.models.engine import Engine, clone_cache
 from graphflow.models.prompts import prompt_token_ids
 from transport.base import TransferSpec, Transport
-from transport.registry import BACKENDS
+from transport.registry import check_backend
 
 __all__ = ["Received", "Sent", "TransferCheck", "TransferCheckResult", "receive_side", "send_side"]
 
@@ -138,12 +138,6 @@ def ray_side(role: int, check: TransferCheck, folder: str, timeout_s: float) -> 
         return side_json(role, check, transport, f"{folder}:{1 - role}", Path(folder))
     finally:
         transport.close()
-
-
-def check_backend(backend: str) -> None:
-    """Raises ``ValueError`` naming the backends when ``backend`` is none of them."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
 
 
 def run_transfer_check(backend: str, check: TransferCheck, timeout_s: float = 60.0) -> TransferCheckResult:

@@ -133,8 +133,9 @@ def check_transfer(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
 ) -> None:
     """Move a real KV state between two processes and resume decoding on the receiver."""
-    from graphflow.checks.transfer import TransferCheck, check_backend, run_transfer_check
+    from graphflow.checks.transfer import TransferCheck, run_transfer_check
     from graphflow.models.registry import resolve
+    from transport.registry import check_backend
 
     resolve(model)
     check_backend(backend)

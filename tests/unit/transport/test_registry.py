@@ -4,7 +4,7 @@ import pytest
 
 from graphflow.bench.transport import parse_size
 from transport.local import LocalTransport
-from transport.registry import BACKENDS, create
+from transport.registry import BACKENDS, check_backend, create
 
 
 def test_create_local_and_unknown():
@@ -26,3 +26,10 @@ def test_parse_size():
         parse_size("0")
     with pytest.raises(ValueError, match="under one byte"):
         parse_size("0.1b")
+
+
+def test_check_backend_accepts_each_registered_backend() -> None:
+    for backend in ("local", "ucx", "mpi", "ray"):
+        check_backend(backend)
+    with pytest.raises(ValueError, match="unknown backend 'UCX'"):
+        check_backend("UCX")
