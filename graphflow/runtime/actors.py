@@ -122,25 +122,24 @@ def _live_replicas(ray: Any, manager: Any) -> tuple[dict[str, Any], list[str]]:
             ray.get(manager.drop_replica.remote(info.name))
             lost.append(info.name)
             gone.append(info.address)
-    for address in gone:
-        forget_peer(ray, list(handles.values()), address)
+    forget_peers(ray, list(handles.values()), gone)
     return handles, lost
 
 
 FORGET_WAIT_S = 10.0  # how long the survivors of a replica that is gone get to drop their endpoint to it
 
 
-def forget_peer(ray: Any, replicas: Sequence[Any], address: str) -> None:
-    """Have each of ``replicas`` (actor handles) drop its endpoint to the transport ``address`` of
-    a replica that is gone (for a same-host UCX peer, the endpoint maps the dead process's shared
-    memory; a replica restarted by ``serve`` has a new address). Waits at most
-    :data:`FORGET_WAIT_S`: a replica that does not answer by then (on a node that died too, not
-    yet declared dead) is left to the caller's next call to find."""
+def forget_peers(ray: Any, replicas: Sequence[Any], addresses: Sequence[str]) -> None:
+    """Have each of ``replicas`` (actor handles) drop its endpoints to the transport ``addresses``
+    of replicas that are gone (for a same-host UCX peer, the endpoint maps the dead process's
+    shared memory; a replica restarted by ``serve`` has a new address). Waits at most
+    :data:`FORGET_WAIT_S` for all of them together: a replica that does not answer by then (on a
+    node that died too, not yet declared dead) is left to the caller's next call to find."""
     from ray.exceptions import RayActorError
 
-    if not address or not replicas:
+    refs = [r.forget_peer.remote(a) for a in addresses if a for r in replicas]
+    if not refs:
         return
-    refs = [r.forget_peer.remote(address) for r in replicas]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=FORGET_WAIT_S)
     for ref in ready:
         with contextlib.suppress(RayActorError):
@@ -386,7 +385,7 @@ class RayCluster:
         self.replicas = [r for r in self.replicas if r != replica]
         self.handles.pop(replica, None)
         self.manager("drop_replica", replica)
-        forget_peer(self.ray, [self.handles[r] for r in self.replicas], address)
+        forget_peers(self.ray, [self.handles[r] for r in self.replicas], [address])
 
     def shared(self, key: str) -> Any:
         """A value the deployment shares with clients (``None`` if never set)."""
