@@ -20,6 +20,17 @@ long-lived block keeps its slab's memory (at most ``slab_bytes``) alive. Untouch
 slab cost address space, not resident memory. Requests of more than half a slab get a slab of
 their own. Where the kernel offers no huge pages (THP ``never``) the advice is a no-op and the
 slabs are ordinary memory.
+
+Each slab is an anonymous mapping of its own, unmapped when its last view dies, never memory
+from malloc. A slab taken from malloc's heap (an 8 MiB ``torch.empty`` is heap memory in a
+replica, whose malloc maps only buffers of 32 MiB and more on their own) left its huge-page
+advice on those heap addresses once it was freed: malloc handed them out again for small
+buffers, and the first touch of any of them, after a trim, faulted in a whole 2 MiB page.
+Measured (2026-12-07, a scratch driver of the shared-root trial of ``graphflow bench serve``:
+16 agents over one 4K SmolLM2 root on an embedded two-replica deployment, five trials each
+way, not a committed command): 190 MiB of the holder's heap was in huge pages after the trials
+(0 with slabs mapped), and its peak growth per trial was 117–136 MiB (median 128) against
+104–134 MiB (median 118) with slabs mapped.
 """
 
 from __future__ import annotations
@@ -121,6 +132,12 @@ _USE_COUNT = _storage_use_count()
 def _use_count(t: torch.Tensor) -> int:
     assert _USE_COUNT is not None
     return _USE_COUNT(t)
+
+
+def _mapped(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of fresh anonymous memory, a mapping of its own (see the module doc), unmapped
+    when the last tensor viewing it dies (the tensor holds the ``mmap`` object)."""
+    return torch.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=torch.uint8)
 
 
 def _round_up(n: int, to: int) -> int:
@@ -300,7 +317,7 @@ class HostArena:
 
     def _new_slab(self, nbytes: int) -> torch.Tensor:
         # NOTE: over-allocating by one huge page costs address space only (never touched)
-        raw = torch.empty(nbytes + HUGE_PAGE_BYTES, dtype=torch.uint8)
+        raw = _mapped(nbytes + HUGE_PAGE_BYTES)
         offset = -raw.data_ptr() % HUGE_PAGE_BYTES
         slab = raw[offset : offset + nbytes]
         self.slabs_made += 1
