@@ -183,48 +183,56 @@ def serve(
             disconnect()  # NOTE: first, or the driver prints the dying head's logs after the error
             stop_head(head)
         raise
-    info = {
-        "address": head,
-        "client_address": client_address(head),
-        "replicas": cluster.replicas,
-        "placement": [{"replica": s.replica, "node": s.node, "host": s.host} for s in cluster.stats()],
-        "model": model,
-        "kv_mode": kv_mode,
-        "templates": templates,
-        "snapshot_dir": snapshots,
-        "transport": transport,
-        "device": device,
-        "batching": not no_batching,
-        "max_batch_tokens": max_batch_tokens if not no_batching else 0,
-        "memory_price_s_per_gib": memory_price,
-        "measured": list(calibration.measured_now),  # "costs" and "src>dst" pairs this call measured
-        "links": [
-            {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
-            for (a, b), ln in sorted(calibration.links.pairs.items())
-        ],
-        # seconds of one engine-loop decode step per (context, rows); None: no engine loop (--no-batching)
-        "decode_steps": asdict(steps) if (steps := calibration.policy.decode) is not None else None,
-    }
-    if json_out:
-        emit(info)
-    else:
-        out.print(f"serving {model} on {replicas} replica{'s' if replicas != 1 else ''}; Ray head {head}")
-        out.print(f"submit with: RAY_AUTH_MODE=token graphflow submit --address {client_address(head)} --task '...'")
-    if not detach:
-        import time
+    import time
 
-        say("serving until Ctrl-C (or SIGTERM)")
-        try:
-            with stopped_by_signal():
-                while True:
-                    time.sleep(3600)
-        except KeyboardInterrupt as stop:  # NOTE: Ctrl-C, or SIGTERM / SIGHUP (its args name it)
-            cluster.shutdown()
-            if started:  # NOTE: the head this call started: the next `serve` starts its own
-                disconnect()
-                stop_head(head)
-            by = f" ({stop.args[0]})" if stop.args else ""
-            say("stopped the replicas and the manager" + (", and the Ray head serve started" if started else "") + by)
+    # NOTE: from here on a stop signal (Ctrl-C, SIGTERM, SIGHUP) stops what this call started, also
+    # one that lands before the "serving until" line: a process group's SIGTERM right after that
+    # line once ended the process outside this block, with the head it started left running
+    try:
+        with stopped_by_signal():
+            info = {
+                "address": head,
+                "client_address": client_address(head),
+                "replicas": cluster.replicas,
+                "placement": [{"replica": s.replica, "node": s.node, "host": s.host} for s in cluster.stats()],
+                "model": model,
+                "kv_mode": kv_mode,
+                "templates": templates,
+                "snapshot_dir": snapshots,
+                "transport": transport,
+                "device": device,
+                "batching": not no_batching,
+                "max_batch_tokens": max_batch_tokens if not no_batching else 0,
+                "memory_price_s_per_gib": memory_price,
+                "measured": list(calibration.measured_now),  # "costs" and "src>dst" pairs this call measured
+                "links": [
+                    {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
+                    for (a, b), ln in sorted(calibration.links.pairs.items())
+                ],
+                # seconds of one engine-loop decode step per (context, rows); None: no engine loop (--no-batching)
+                "decode_steps": asdict(steps) if (steps := calibration.policy.decode) is not None else None,
+            }
+            if json_out:
+                emit(info)
+            else:
+                out.print(f"serving {model} on {replicas} replica{'s' if replicas != 1 else ''}; Ray head {head}")
+                out.print(
+                    f"submit with: RAY_AUTH_MODE=token graphflow submit --address {client_address(head)} --task '...'"
+                )
+            if detach:
+                return
+            say("serving until Ctrl-C (or SIGTERM)")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt as stop:  # NOTE: Ctrl-C, or SIGTERM / SIGHUP (its args name it)
+        if detach:  # NOTE: a detached deployment outlives this call, whatever stops it
+            raise
+        cluster.shutdown()
+        if started:  # NOTE: the head this call started: the next `serve` starts its own
+            disconnect()
+            stop_head(head)
+        by = f" ({stop.args[0]})" if stop.args else ""
+        say("stopped the replicas and the manager" + (", and the Ray head serve started" if started else "") + by)
 
 
 @user_errors
