@@ -28,9 +28,9 @@ advice on those heap addresses once it was freed: malloc handed them out again f
 buffers, and the first touch of any of them, after a trim, faulted in a whole 2 MiB page.
 Measured (2026-12-07, a scratch driver of the shared-root trial of ``graphflow bench serve``:
 16 agents over one 4K SmolLM2 root on an embedded two-replica deployment, five trials each
-way, not a committed command): 190 MiB of the holder's heap was in huge pages after the trials
-(0 with slabs mapped), and its peak growth per trial was 117–136 MiB (median 128) against
-104–134 MiB (median 118) with slabs mapped.
+way, not a committed command): 190 MiB of one replica's heap (26 of the other's) was in huge
+pages after the trials (0 with slabs mapped), and the holder's peak growth per trial was
+117–136 MiB (median 128) against 104–134 MiB (median 118) with slabs mapped.
 """
 
 from __future__ import annotations
