@@ -9,13 +9,20 @@ until its cache is dropped: 16 agents over one shared root held their private su
 A :class:`RowCache` reserves one buffer, its *room*, ``[layers, 2, kv_heads, capacity,
 head_dim]``, for the tokens the request will hold (the engine loop knows them: the prompt plus
 what it will generate), writes each forward's keys and values into it in place, and hands each
-layer out as a view. :meth:`RowCache.into_blocks` then copies the held tokens, a group of blocks
-at a time (``_GROUP_BYTES``), into one buffer of exactly their size laid out as stored blocks
-(each block ``[layers, 2, kv_heads, tokens, head_dim]``, contiguous, one after another), and
-after each group hands the room's pages that held only copied tokens back to the OS
-(``MADV_DONTNEED``). So the KV exists about once throughout, plus a group: a 4K-token root's
-180 MiB (SmolLM2) no longer needs a second 180 MiB while it becomes blocks, and a request that
-stopped before its reserved room was full keeps only what it held. The cache is spent.
+layer out as a view. :meth:`RowCache.into_blocks` then copies the held tokens into one buffer of
+exactly their size laid out as stored blocks (each block ``[layers, 2, kv_heads, tokens,
+head_dim]``, contiguous, one after another), handing the room's pages that held only copied
+tokens back to the OS as it goes (``MADV_DONTNEED``):
+
+* **one layer at a time** for KV under ``_HUGE_BLOCKS_BYTES`` (a short node's): the room is
+  layer-major, so the layers copied are one range of pages, handed back in one call per layer;
+* **a group of whole blocks at a time** (``_GROUP_BYTES``) for larger KV, whose blocks get huge
+  pages: copying a layer writes a slice of every block, which would fault in every huge page
+  of the blocks at the first layer.
+
+So the KV exists about once throughout, plus a layer or a group: a 4K-token root's 180 MiB
+(SmolLM2) no longer needs a second 180 MiB while it becomes blocks, and a request that stopped
+before its reserved room was full keeps only what it held. The cache is spent.
 
 ```
 room, as the forward writes it (layer-major):     blocks, after into_blocks (block-major):
@@ -23,7 +30,7 @@ L0 K [h0: t0 t1 ... tn .. cap] [h1: ...]          block 0: L0 K t0..t15, L0 V, L
 L0 V [h0: ...]                                    block 1: L0 K t16..t31, ...
 ...                                               ...
 L29 V [...]                                       last block (n mod 16 tokens)
-each row's pages handed back as its tokens are copied
+the room's pages handed back as they are copied (a layer, or a group of blocks, at a time)
 ```
 """
 
@@ -42,7 +49,11 @@ from transport.memory import advise_huge_pages, give_back, give_back_pages
 
 __all__ = ["RowCache"]
 
-# NOTE: blocks copied between two hand-backs of the room's pages: the most a rewrite holds twice
+# NOTE: blocks copied between two hand-backs of the room's pages, for KV of _HUGE_BLOCKS_BYTES and
+# more: the most such a rewrite holds twice. Smaller KV goes a layer at a time: as one group (all
+# of a short node's KV fits in one), an agent of 89 SmolLM2 tokens (3.9 MiB) was held twice to the
+# end of its copy, and two agents finishing in one step added 7.7 MiB to the holder's peak in a
+# 16-agent shared-root trial of `graphflow bench serve`; a layer at a time, 0.1-0.4 MiB (four trials).
 _GROUP_BYTES = 8 << 20
 # NOTE: blocks this large (a long context's, mapped on their own by malloc) get huge pages: they
 # are the ones sent to other replicas, and same-host sends read the sender's pages one at a time
@@ -133,27 +144,13 @@ class RowCache(DynamicCache):
             raise ValueError("an empty cache has no blocks")
         if block_tokens <= 0:
             raise ValueError(f"block_tokens must be positive, got {block_tokens}")
-        layers, _, heads, _, dim = room.shape
-        per_token = layers * 2 * heads * dim
-        out = torch.empty(held * per_token, dtype=room.dtype, device=room.device)
-        if out.numel() * out.element_size() >= _HUGE_BLOCKS_BYTES:
-            advise_huge_pages(out)  # NOTE: see _HUGE_BLOCKS_BYTES
-        group = max(1, _GROUP_BYTES // (block_tokens * per_token * room.element_size())) * block_tokens
-        parts: list[torch.Tensor] = []
         host = room.device.type == "cpu"  # NOTE: a device room is simply freed at the end
-        for lo in range(0, held, group):
-            hi = min(lo + group, held)
-            full = (hi - lo) // block_tokens
-            mid = lo + full * block_tokens  # NOTE: whole blocks up to mid, a shorter last one after
-            if full:
-                run = out[lo * per_token : mid * per_token].view(full, layers, 2, heads, block_tokens, dim)
-                run.copy_(room[:, :, :, lo:mid].unflatten(3, (full, block_tokens)).permute(3, 0, 1, 2, 4, 5))
-                parts.extend(run.unbind(0))
-            if mid < hi:
-                tail = out[mid * per_token : hi * per_token].view(layers, 2, heads, hi - mid, dim)
-                parts.append(tail.copy_(room[:, :, :, mid:hi]))
-            if hi < held and host:
-                _hand_back_rows(room, lo, hi)
+        out = torch.empty(held * _token_numel(room), dtype=room.dtype, device=room.device)
+        huge = out.numel() * out.element_size() >= _HUGE_BLOCKS_BYTES
+        if huge:
+            advise_huge_pages(out)  # NOTE: see _HUGE_BLOCKS_BYTES
+        copy = _copy_by_block_groups if huge else _copy_by_layers
+        parts = copy(room, out, held, block_tokens, host)
         if host:
             give_back(room)
         for layer in self.layers:
@@ -161,6 +158,69 @@ class RowCache(DynamicCache):
             layer.spend()
         self._room = None
         return blocks_from_parts(parent_key, token_ids, position_offset, parts, model_key)
+
+
+def _token_numel(room: torch.Tensor) -> int:
+    layers, _, heads, _, dim = room.shape
+    return int(layers * 2 * heads * dim)
+
+
+def _blocks_in(
+    out: torch.Tensor, room: torch.Tensor, lo: int, hi: int, block_tokens: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+    """The views of ``out`` that hold tokens ``lo``..``hi`` as blocks: the whole ones
+    ``[n, layers, 2, kv_heads, block_tokens, head_dim]`` up to the token returned, and the
+    shorter last one after it (``None`` where there is none)."""
+    layers, _, heads, _, dim = room.shape
+    per_token = _token_numel(room)
+    full = (hi - lo) // block_tokens
+    mid = lo + full * block_tokens
+    run = out[lo * per_token : mid * per_token].view(full, layers, 2, heads, block_tokens, dim) if full else None
+    tail = out[mid * per_token : hi * per_token].view(layers, 2, heads, hi - mid, dim) if mid < hi else None
+    return run, tail, mid
+
+
+def _copy_by_layers(
+    room: torch.Tensor, out: torch.Tensor, held: int, block_tokens: int, host: bool
+) -> list[torch.Tensor]:
+    """Copy the room into ``out``'s blocks one layer at a time, handing back the room's pages up
+    to the layer copied (one range: the room is layer-major); returns the blocks."""
+    run, tail, mid = _blocks_in(out, room, 0, held, block_tokens)
+    layers = room.shape[0]
+    base, layer_bytes = room.data_ptr(), room[0].numel() * room.element_size()
+    for layer in range(layers):
+        if run is not None:
+            run[:, layer].copy_(room[layer, :, :, :mid].unflatten(2, (-1, block_tokens)).permute(2, 0, 1, 3, 4))
+        if tail is not None:
+            tail[layer].copy_(room[layer, :, :, mid:held])
+        if host and layer + 1 < layers:
+            # NOTE: from the page cut at this layer's start (the layer before's part of it is
+            # copied), never before the room's own first page; give_back_pages spares the page
+            # cut at the end (it holds the next layer's start)
+            start = max(base, (base + layer * layer_bytes) // mmap.PAGESIZE * mmap.PAGESIZE)
+            give_back_pages(start, base + (layer + 1) * layer_bytes)
+    return [*(run.unbind(0) if run is not None else ()), *((tail,) if tail is not None else ())]
+
+
+def _copy_by_block_groups(
+    room: torch.Tensor, out: torch.Tensor, held: int, block_tokens: int, host: bool
+) -> list[torch.Tensor]:
+    """Copy the room into ``out``'s blocks a group of whole blocks at a time (``_GROUP_BYTES``),
+    handing back the room's pages of the tokens copied after each group; returns the blocks."""
+    group_blocks = _GROUP_BYTES // (block_tokens * _token_numel(room) * room.element_size())
+    group = max(1, group_blocks) * block_tokens
+    parts: list[torch.Tensor] = []
+    for lo in range(0, held, group):
+        hi = min(lo + group, held)
+        run, tail, mid = _blocks_in(out, room, lo, hi, block_tokens)
+        if run is not None:
+            run.copy_(room[:, :, :, lo:mid].unflatten(3, (-1, block_tokens)).permute(3, 0, 1, 2, 4, 5))
+            parts.extend(run.unbind(0))
+        if tail is not None:
+            parts.append(tail.copy_(room[:, :, :, mid:hi]))
+        if hi < held and host:
+            _hand_back_rows(room, lo, hi)
+    return parts
 
 
 def _hand_back_rows(room: torch.Tensor, lo: int, hi: int) -> None:

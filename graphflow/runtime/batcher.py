@@ -21,8 +21,8 @@ unbatched path; its table is in ``experiments/throughput/README.md``):
 * **each row's room reserved**: a new request's cache is a
   :class:`~graphflow.models.row_cache.RowCache` sized for every token it will hold, written in
   place (a ``DynamicCache`` reallocates every layer at every step), and when the node is kept its
-  tokens are copied into stored blocks a group at a time while the room's pages go back to the
-  OS, so a finished node does not hold its KV twice.
+  tokens are copied into stored blocks a layer (long KV: a group of blocks) at a time while the
+  room's pages go back to the OS, so a finished node does not hold its KV twice.
 * **padding + attention masks** (one ``DynamicCache`` of batch ``n``, as the scripted agents job
   builds with ``packing.batch_cache``) needs rows of one length: every row's prefix copied into
   the batch and re-copied as rows join or leave, which is what kept that job's peak at 0.63×

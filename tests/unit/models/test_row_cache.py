@@ -45,12 +45,14 @@ def test_into_blocks_gives_the_blocks_of_the_cache_back_to_back_and_spends_it(ti
         cache.into_blocks(ids, 0, ROOT_KEY, tiny_engine.identity.model_key, 16)
 
 
-@pytest.mark.parametrize("group_bytes", [1, 5 * 4096, 1 << 30])
-def test_a_room_handed_back_group_by_group_loses_no_token(tiny_engine, monkeypatch, group_bytes):
-    """The room's pages really go back to the OS (read again they are zeros) while later
-    groups are still to be copied: a page handed back too early would zero a block."""
+@pytest.mark.parametrize("huge_bytes,group_bytes", [(1 << 30, 0), (0, 1), (0, 5 * 4096), (0, 1 << 30)])
+def test_a_room_handed_back_as_it_is_copied_loses_no_token(tiny_engine, monkeypatch, huge_bytes, group_bytes):
+    """The room's pages really go back to the OS (read again they are zeros) while the rest is
+    still to be copied, layer by layer (KV under ``_HUGE_BLOCKS_BYTES``) or a group of blocks at a
+    time (above it): a page handed back too early would zero a block."""
     from graphflow.models import row_cache
 
+    monkeypatch.setattr(row_cache, "_HUGE_BLOCKS_BYTES", huge_bytes)
     monkeypatch.setattr(row_cache, "_GROUP_BYTES", group_bytes)
     ids = prompt_token_ids(tiny_engine.tokenizer, 300)  # each row of the room spans pages
     cache = filled(tiny_engine, ids, capacity=333, chunk=64)
@@ -61,6 +63,25 @@ def test_a_room_handed_back_group_by_group_loses_no_token(tiny_engine, monkeypat
     for got, want in zip(blocks, expected, strict=True):
         assert torch.equal(got.tensor, want.tensor)
         assert got.checksum == want.checksum
+
+
+def test_a_short_room_goes_back_a_layer_at_a_time_not_at_the_end(tiny_engine, monkeypatch):
+    """KV under ``_HUGE_BLOCKS_BYTES`` (a short node's) is handed back while it is copied, one
+    layer's range after another, so a finishing node never holds its whole KV twice (one group
+    of ``_GROUP_BYTES`` would hand nothing back before the end)."""
+    from graphflow.models import row_cache
+
+    ranges: list[tuple[int, int]] = []
+    monkeypatch.setattr(row_cache, "give_back_pages", lambda start, end: ranges.append((start, end)))
+    ids = prompt_token_ids(tiny_engine.tokenizer, 40)
+    cache = filled(tiny_engine, ids, capacity=44)
+    room, layers = cache._room, cache._room.shape[0]
+    layer_bytes = room[0].numel() * room.element_size()
+    cache.into_blocks(ids, 0, ROOT_KEY, tiny_engine.identity.model_key, 16)
+    assert len(ranges) == layers - 1  # the last layer's pages go with the whole room (give_back)
+    for i, (start, end) in enumerate(ranges):
+        assert end == room.data_ptr() + (i + 1) * layer_bytes
+        assert room.data_ptr() <= start <= room.data_ptr() + i * layer_bytes
 
 
 def test_hand_back_rows_frees_only_whole_pages_of_copied_tokens(monkeypatch):
