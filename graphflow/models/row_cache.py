@@ -14,11 +14,11 @@ exactly their size laid out as stored blocks (each block ``[layers, 2, kv_heads,
 head_dim]``, contiguous, one after another), handing the room's pages that held only copied
 tokens back to the OS as it goes (``MADV_DONTNEED``):
 
-* **one layer at a time** for KV under ``_HUGE_BLOCKS_BYTES`` (a short node's): the room is
+* **one layer at a time** for host KV under ``_HUGE_BLOCKS_BYTES`` (a short node's): the room is
   layer-major, so the layers copied are one range of pages, handed back in one call per layer;
 * **a group of whole blocks at a time** (``_GROUP_BYTES``) for larger KV, whose blocks get huge
   pages: copying a layer writes a slice of every block, which would fault in every huge page
-  of the blocks at the first layer.
+  of the blocks at the first layer (and for a device's, which hands nothing back).
 
 So the KV exists about once throughout, plus a layer or a group: a 4K-token root's 180 MiB
 (SmolLM2) no longer needs a second 180 MiB while it becomes blocks, and a request that stopped
@@ -153,8 +153,10 @@ class RowCache(DynamicCache):
         huge = out.numel() * out.element_size() >= _HUGE_BLOCKS_BYTES
         if huge:
             advise_huge_pages(out)  # NOTE: see _HUGE_BLOCKS_BYTES
-        copy = _copy_by_block_groups if huge else _copy_by_layers
-        parts = copy(room, out, held, block_tokens, host)
+        if host and not huge:
+            parts = _copy_by_layers(room, out, held, block_tokens)
+        else:  # NOTE: a device room hands nothing back, so one group is one copy, not one per layer
+            parts = _copy_by_block_groups(room, out, held, block_tokens, host)
         if host:
             give_back(room)
         for layer in self.layers:
@@ -184,9 +186,7 @@ def _blocks_in(
     return run, tail, mid
 
 
-def _copy_by_layers(
-    room: torch.Tensor, out: torch.Tensor, held: int, block_tokens: int, host: bool
-) -> list[torch.Tensor]:
+def _copy_by_layers(room: torch.Tensor, out: torch.Tensor, held: int, block_tokens: int) -> list[torch.Tensor]:
     """Copy the room into ``out``'s blocks one layer at a time, handing back the room's pages up
     to the layer copied (one range: the room is layer-major); returns the blocks."""
     run, tail, mid = _blocks_in(out, room, 0, held, block_tokens)
@@ -197,7 +197,7 @@ def _copy_by_layers(
             run[:, layer].copy_(room[layer, :, :, :mid].unflatten(2, (-1, block_tokens)).permute(2, 0, 1, 3, 4))
         if tail is not None:
             tail[layer].copy_(room[layer, :, :, mid:held])
-        if host and layer + 1 < layers:
+        if layer + 1 < layers:
             # NOTE: from the page cut at this layer's start (the layer before's part of it is
             # copied), never before the room's own first page; give_back_pages spares the page
             # cut at the end (it holds the next layer's start)
