@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from experiments.ttft.run import CAPACITY_MIB, QUICK_CAPACITY_MIB, served_settings
+from experiments.ttft.run import CAPACITY_MIB, QUICK_CAPACITY_MIB, served_row, served_settings, served_table
 
 
 def _args(**kw):
@@ -28,3 +28,38 @@ def test_bad_served_settings_say_what_is_wrong():
         served_settings(_args(contexts="8"))
     with pytest.raises(SystemExit, match="no-such-model"):
         served_settings(_args(models="no-such-model"))
+
+
+def _served(**kw):
+    return {
+        "context": 4096,
+        "suffix": 64,
+        "decision": "transfer",
+        "served_bytes": 200_000_000,
+        "served_same_first_token": True,
+        "served_s": 0.50,
+        "served_replica_s": 0.46,
+        "served_decide_s": 0.007,
+        "served_dense_s": 16.0,
+        "served_lookup_s": 0.0,
+        "served_receive_s": 0.03,
+        "served_rebuild_s": 0.01,
+        "served_prefill_s": 0.40,
+    } | kw
+
+
+def test_the_served_bound_is_the_served_prefill_plus_the_bytes_at_the_runs_raw_speed():
+    scripted = {"ours_s": 0.55, "local_s": 20.0, "dense_s": 15.0, "raw_bandwidth_bytes_per_s": 10e9}
+    row = served_row("m", _served(), scripted)
+    assert row["served_bound_s"] == pytest.approx(0.40 + 0.02)  # 200 MB at 10 GB/s
+    assert row["served_omega_s"] == pytest.approx(0.50 - 0.42)
+    assert row["served_over_bound"] == pytest.approx(0.50 / 0.42)
+    assert row["raw_bandwidth_bytes_per_s"] == 10e9
+    text = served_table([row])
+    assert "| 0.420 | 1.19 | 80.0 |" in text and "m 10.00" in text
+
+
+def test_a_served_row_refuses_a_raw_bandwidth_that_was_not_measured():
+    scripted = {"ours_s": 0.55, "local_s": 20.0, "dense_s": 15.0, "raw_bandwidth_bytes_per_s": 0.0}
+    with pytest.raises(ValueError, match="raw bandwidth must be positive"):
+        served_row("m", _served(), scripted)
