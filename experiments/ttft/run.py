@@ -68,13 +68,26 @@ def measure(model: str, contexts: list[int], suffix: int, repeats: int, threads:
     return [derive({"model": model, **r, "raw_bandwidth_bytes_per_s": bw}) for r in got["rows"]]
 
 
+def physical_bound(forward_s: float, nbytes: float, raw_bytes_per_s: float) -> float:
+    """The agent's suffix forward + its KV bytes at the raw speed measured in the same run."""
+    if raw_bytes_per_s <= 0:
+        raise ValueError(f"the raw bandwidth must be positive, got {raw_bytes_per_s} bytes/s")
+    return forward_s + nbytes / raw_bytes_per_s
+
+
+def raw_bandwidths(rows: list[dict[str, Any]]) -> str:
+    """Each model's raw UCX bandwidth in ``rows``, GB/s (``qwen2-0.5b-shape 15.43, …``)."""
+    bw = {r["model"]: float(r["raw_bandwidth_bytes_per_s"]) / 1e9 for r in rows}
+    return ", ".join(f"{m} {v:.2f}" for m, v in bw.items())
+
+
 def derive(r: dict[str, Any]) -> dict[str, Any]:
     """Bound and ratios from the measured columns: bound = the agent's suffix forward on the
     received cache + KV bytes ÷ raw bandwidth (same run); Ω = ours − bound, everything the path
     adds beyond moving the bytes at raw speed and computing (request message, header and
     checksums, cache rebuild, Python)."""
     f = {k: float(v) for k, v in r.items() if k.endswith("_s") or k in ("nbytes", "raw_bandwidth_bytes_per_s")}
-    bound = f["forward_s"] + f["nbytes"] / f["raw_bandwidth_bytes_per_s"]
+    bound = physical_bound(f["forward_s"], f["nbytes"], f["raw_bandwidth_bytes_per_s"])
     return {
         **{k: v for k, v in r.items() if k not in ("omega_s",)},
         "bound_s": bound,
@@ -117,10 +130,9 @@ def table(rows: list[dict[str, str]]) -> str:
             f"| {float(r['ours_over_bound']):.2f} | {float(r['dense_over_ours']):.1f} "
             f"| {float(r['omega_s']) * 1e3:.2f} |"
         )
-    bw = {r["model"]: float(r["raw_bandwidth_bytes_per_s"]) / 1e9 for r in rows}
     lines.append(
         "\nRaw UCX bandwidth (one plain 64 MiB message, measured in the same run; GB/s): "
-        + ", ".join(f"{m} {v:.2f}" for m, v in bw.items())
+        + raw_bandwidths(rows)
         + f". {PUBLISHED}."
     )
     return "\n".join(lines)
@@ -273,9 +285,7 @@ def served_row(model: str, served: dict[str, Any], scripted: dict[str, Any]) -> 
     calls, the receive beyond raw speed, rebuilding the cache)."""
     ours = float(scripted["ours_s"])
     raw = float(scripted["raw_bandwidth_bytes_per_s"])
-    if raw <= 0:
-        raise ValueError(f"the raw bandwidth must be positive, got {raw} bytes/s")
-    bound = served["served_prefill_s"] + served["served_bytes"] / raw
+    bound = physical_bound(served["served_prefill_s"], served["served_bytes"], raw)
     return {
         "model": model,
         **served,
@@ -309,11 +319,10 @@ def served_table(rows: list[dict[str, Any]]) -> str:
             f"| {float(r['ours_s']):.3f} | {float(r['served_over_scripted']):.2f} "
             f"| {float(r['served_dense_s']):.3f} | {float(r['served_dense_over_served']):.1f} |"
         )
-    bw = {r["model"]: float(r["raw_bandwidth_bytes_per_s"]) / 1e9 for r in rows}
     lines.append(
         "\nBound = the suffix's prefill on the replica + the bytes received ÷ the raw UCX bandwidth the "
         "scripted pair measured in the same run (one plain 64 MiB message; GB/s: "
-        + ", ".join(f"{m} {v:.2f}" for m, v in bw.items())
+        + raw_bandwidths(rows)
         + "); Ω = served − bound."
     )
     return "\n".join(lines)

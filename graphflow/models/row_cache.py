@@ -197,12 +197,8 @@ def _copy_by_layers(room: torch.Tensor, out: torch.Tensor, held: int, block_toke
             run[:, layer].copy_(room[layer, :, :, :mid].unflatten(2, (-1, block_tokens)).permute(2, 0, 1, 3, 4))
         if tail is not None:
             tail[layer].copy_(room[layer, :, :, mid:held])
-        if layer + 1 < layers:
-            # NOTE: from the page cut at this layer's start (the layer before's part of it is
-            # copied), never before the room's own first page; give_back_pages spares the page
-            # cut at the end (it holds the next layer's start)
-            start = max(base, (base + layer * layer_bytes) // mmap.PAGESIZE * mmap.PAGESIZE)
-            give_back_pages(start, base + (layer + 1) * layer_bytes)
+        if layer + 1 < layers:  # NOTE: the last layer's pages go with the whole room
+            _give_back_copied(base, layer * layer_bytes, (layer + 1) * layer_bytes)
     return [*(run.unbind(0) if run is not None else ()), *((tail,) if tail is not None else ())]
 
 
@@ -232,10 +228,14 @@ def _hand_back_rows(room: torch.Tensor, lo: int, hi: int) -> None:
     only tokens before ``hi`` of one row, those before ``lo`` already handed back."""
     token_bytes = room.shape[4] * room.element_size()
     row_bytes = room.shape[3] * token_bytes
-    page = mmap.PAGESIZE
     for row in range(room.shape[0] * room.shape[1] * room.shape[2]):
-        start = room.data_ptr() + row * row_bytes
-        # NOTE: from the page cut at lo (its tokens before lo went before, the rest are copied now),
-        # never from before the row's start (that page holds the last tokens of the row before it);
-        # give_back_pages rounds start up and spares the page cut at hi
-        give_back_pages(max(start, (start + lo * token_bytes) // page * page), start + hi * token_bytes)
+        _give_back_copied(room.data_ptr() + row * row_bytes, lo * token_bytes, hi * token_bytes)
+
+
+def _give_back_copied(base: int, lo: int, hi: int) -> None:
+    """Hand back the pages of the span at ``base`` whose bytes are all copied once its bytes
+    ``lo``..``hi`` are (those before ``lo`` were copied, and their whole pages handed back,
+    before): from the page cut at ``lo``, never from before ``base`` (that page holds bytes of
+    what lies before the span), to the page cut at ``hi``, which give_back_pages spares (it
+    holds bytes still to be copied)."""
+    give_back_pages(max(base, (base + lo) // mmap.PAGESIZE * mmap.PAGESIZE), base + hi)
