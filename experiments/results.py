@@ -110,6 +110,17 @@ def _throughput(folder: Path) -> list[str]:
     return out
 
 
+def _ttft_flags(meta: dict[str, Any]) -> str:
+    """The models and contexts the TTFT run measured (``--served`` alone measures fewer)."""
+    if not meta.get("models") or not meta.get("contexts"):
+        return ""
+    return f" --models {','.join(meta['models'])} --contexts {','.join(str(c) for c in meta['contexts'])}"
+
+
+def _peak_memory_flags(meta: dict[str, Any]) -> str:
+    return " --from-multi-agent" if "from_multi_agent" in meta else ""
+
+
 @dataclass(frozen=True, slots=True)
 class Study:
     title: str
@@ -117,6 +128,7 @@ class Study:
     result: str  # the file in results/served/ that shows it ran
     command: str
     render: Callable[[Path], list[str]]
+    flags: Callable[[dict[str, Any]], str] = lambda meta: ""  # what the run's meta.json says it was given
 
 
 STUDIES = (
@@ -126,6 +138,7 @@ STUDIES = (
         "served.csv",
         "python -m experiments.ttft.run --served",
         _ttft,
+        _ttft_flags,
     ),
     Study(
         "k agents over one 4K-token root: makespan",
@@ -140,6 +153,7 @@ STUDIES = (
         "bench_peak_memory.json",
         "python -m experiments.peak_memory.served",
         _peak_memory,
+        _peak_memory_flags,
     ),
     Study(
         "Generated tokens per second, concurrent workflows (2 agents each over a 1K-token root)",
@@ -174,7 +188,7 @@ def section(here: Path = HERE) -> str:
             parts.append(f"**{s.title}** — not measured yet through the served path (`{s.command}`).")
             continue
         meta = json.loads((folder / "meta.json").read_text())
-        command = s.command + (" --from-multi-agent" if "from_multi_agent" in meta else "")
+        command = s.command + s.flags(meta)
         parts.append(
             f"**{s.title}** (`{command}`, {_provenance(meta)}; [details](experiments/{s.name}/README.md))\n\n"
             + "\n".join(s.render(folder))

@@ -28,6 +28,7 @@ from experiments.common import (
     add_provenance,
     guard_tree,
     output_dir,
+    progress,
     read_csv,
     replace_section,
     write_csv,
@@ -184,9 +185,9 @@ def main() -> None:
     if any(c < 16 for c in contexts) or args.suffix < 1 or args.repeats < 1:
         raise SystemExit("contexts must be at least 16 tokens, --suffix and --repeats at least 1")
     rows: list[dict[str, Any]] = []
+    say = progress(args.json)
     for model in models:
-        if not args.json:
-            print(f"{model}: contexts {contexts}")
+        say(f"{model}: the scripted pair at {contexts} tokens, {args.repeats}× each")
         rows += measure(model, contexts, args.suffix, args.repeats)
     write_csv(results / "ttft.csv", rows)
     settings = {"models": models, "contexts": contexts, "suffix": args.suffix, "repeats": args.repeats}
@@ -229,14 +230,15 @@ def _served(args: argparse.Namespace) -> None:
     threads = args.threads or torch.get_num_threads()
     rows: list[dict[str, Any]] = []
     deployments: dict[str, Any] = {}
+    say = progress(args.json)
     for model in models:
-        if not args.json:
-            print(f"served: {model} at {contexts}, {repeats} repeats, {threads} torch threads per process")
-        served = served_rows(model, contexts, repeats, threads, capacity_mib, args.suffix)
+        say(f"{model}: starting two replicas ({threads} torch threads each, {capacity_mib} MiB of KV prefaulted)")
+        served = served_rows(model, contexts, repeats, threads, capacity_mib, args.suffix, say)
         if not served["rows"]:
             raise SystemExit(f"{model} holds none of the contexts {contexts}; ask for shorter ones")
         suffix = served["rows"][0]["suffix"]
         ran = [s["context"] for s in served["rows"]]
+        say(f"{model}: the scripted pair at {ran} tokens, {repeats}× each")
         scripted = {int(r["context"]): r for r in measure(model, ran, suffix, repeats, threads)}
         rows += [served_row(model, s, scripted[s["context"]]) for s in served["rows"]]
         deployments[model] = {k: v for k, v in served.items() if k != "rows"} | {"suffix": suffix, "contexts": ran}

@@ -20,6 +20,7 @@ the upstream blocks over UCX). Per node the executor's trace gives
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from graphflow.bench.served import PinnedAgent
@@ -32,11 +33,17 @@ FIRST_TOKEN_PHASES = ("lookup", "receive", "rebuild", "prefill")  # the replica'
 
 
 def served_rows(
-    model: str, contexts: list[int], repeats: int, threads: int, capacity_mib: int, suffix: int
+    model: str,
+    contexts: list[int],
+    repeats: int,
+    threads: int,
+    capacity_mib: int,
+    suffix: int,
+    say: Callable[[str], None] = lambda m: None,
 ) -> dict[str, Any]:
     """Median served TTFTs per context (after one warm-up), and what the deployment was;
     contexts the model cannot hold (``max_position_embeddings``) are left out. The agent's
-    prompt is cut to ``suffix`` of the model's tokens."""
+    prompt is cut to ``suffix`` of the model's tokens; ``say`` hears each context as it starts."""
     client = connect(
         None,
         model=model,
@@ -53,7 +60,9 @@ def served_rows(
         rows = []
         for n in contexts:
             if limit and n + suffix + 1 > limit:
+                say(f"{model}: {n}-token context skipped ({n + suffix + 1} positions, the model holds {limit})")
                 continue  # the model cannot hold this context (and the agent's suffix)
+            say(f"{model}: served, {n}-token context, {repeats}× each after a warm-up (reuse, then dense)")
             parts: dict[str, list[float]] = {
                 "served": [],
                 "served_replica": [],

@@ -35,3 +35,16 @@ def test_results_come_from_the_served_runs_with_their_commit(tmp_path):
     assert "| 4 | 100 | 400 | 120 (holder) | 0.25 |" in text
     assert "--from-multi-agent`, at abcdef0 on a clean tree; reduced from the multi-agent run at 1234567" in text
     assert "| 16 | 60.0 | 20.0 | 15.0 | 40.0 (holder) | 4.00 | 1.50 |" in text
+
+
+def test_the_ttft_command_names_the_models_and_contexts_its_run_measured(tmp_path):
+    folder = tmp_path / "ttft" / "results" / "served"
+    folder.mkdir(parents=True)
+    header = "model,context,suffix,decision,served_bytes,served_s,served_dense_s,served_dense_over_served"
+    (folder / "served.csv").write_text(header + "\nqwen2-0.5b-shape,16384,64,transfer,201326592,1.4,131.0,93.6\n")
+    meta = {"git_sha": "abcdef0123", "git_dirty": False, "models": ["qwen2-0.5b-shape"], "contexts": [1024, 16384]}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    text = section(tmp_path)
+    command = "python -m experiments.ttft.run --served --models qwen2-0.5b-shape --contexts 1024,16384"
+    assert f"`{command}`, at abcdef0" in text
+    assert "| qwen2-0.5b-shape | 16384 | 64 | transfer | 201,326,592 | 1.400 | 131.00 | 93.6 |" in text
