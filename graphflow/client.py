@@ -338,6 +338,7 @@ def connect(
     recompute_fraction: float = 0.0,
     gpus_per_replica: float | None = None,
     memory_price: float = 0.0,
+    linear_kernel: str = "auto",
 ) -> Client:
     """Attach to a deployment at ``address``, or start an embedded one when it is ``None``
     (whose replicas serve template KV in ``kv_mode``: exact, differential or stateless, and
@@ -352,7 +353,9 @@ def connect(
     replaced). Workflows are compiled with the deployment's ``templates`` (short or detailed).
     Placement charges ``memory_price`` seconds per GiB of KV a decision adds to a replica (the
     policy's λ; 0: time only), so a copy of a context is made only where it saves more than that;
-    an attached client uses the price the deployment was served with.
+    an attached client uses the price the deployment was served with. The replicas' decoder
+    linear layers run on ``linear_kernel``: ``torch``'s own, ``onednn``, or ``auto`` (whichever
+    each replica measures faster at start).
 
     An attached client uses the calibration ``graphflow serve`` measured and shared, unless
     there is none, it was measured for another model, or ``recalibrate`` asks for a new one.
@@ -383,6 +386,7 @@ def connect(
             templates=templates,
             recompute_fraction=recompute_fraction,
             memory_price=memory_price,
+            linear_kernel=linear_kernel,
         )  # NOTE: checks the settings before Ray starts
         ray = start_local()
         cluster = RayCluster.start(ray, want, replace_existing=True)

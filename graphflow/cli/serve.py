@@ -81,6 +81,11 @@ def serve(
         help="Seconds placement charges per GiB of KV a decision adds to a replica: a context is copied to "
         "another replica only where that saves more (0 = time only).",
     ),
+    linear_kernel: str = typer.Option(
+        "auto",
+        help="What the replicas' decoder linear layers run on: torch (its own BLAS), onednn, or auto "
+        "(each replica times both at start and keeps oneDNN where it is clearly faster).",
+    ),
     replace: bool = typer.Option(
         False, "--replace", help="Shut down a running deployment of other settings instead of refusing."
     ),
@@ -142,6 +147,7 @@ def serve(
         templates,
         recompute_fraction,
         memory_price,
+        linear_kernel,
     )  # checks input, one sentence per mistake
     running = "" if address else running_head()  # NOTE: a second `serve` here: the deployment on it decides
     if running:
@@ -204,6 +210,8 @@ def serve(
                 "batching": not no_batching,
                 "max_batch_tokens": max_batch_tokens if not no_batching else 0,
                 "memory_price_s_per_gib": memory_price,
+                # what each replica's decoder linear layers run on, as it chose at start (auto: measured)
+                "linear_kernels": {s.replica: s.linear_kernel for s in cluster.stats()},
                 "measured": list(calibration.measured_now),  # "costs" and "src>dst" pairs this call measured
                 "links": [
                     {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}

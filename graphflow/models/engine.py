@@ -17,9 +17,11 @@ import torch
 
 from graphflow.kv.packing import cache_length
 from graphflow.kv.state import ModelIdentity
+from graphflow.models.linear_kernel import use_linear_kernel
 from graphflow.models.loading import LoadedModel, load_model
 from graphflow.models.registry import resolve
 from graphflow.models.tokenizer import Tokenizer
+from graphflow.runtime.batch_limits import check_linear_kernel
 
 if TYPE_CHECKING:  # NOTE: transformers is imported where a cache is made, not by the client
     from transformers import DynamicCache, PretrainedConfig
@@ -60,13 +62,25 @@ class Engine:
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.identity: ModelIdentity = loaded.identity
         self.device = loaded.device
+        self.linear_kernel = "torch"  # what the decoder's linear layers run on (models.linear_kernel)
 
     @classmethod
     def load(
-        cls, name: str, device: str = "cpu", dtype: str | None = None, say: Callable[[str], None] = lambda _m: None
+        cls,
+        name: str,
+        device: str = "cpu",
+        dtype: str | None = None,
+        say: Callable[[str], None] = lambda _m: None,
+        linear_kernel: str = "auto",
     ) -> Engine:
-        """Resolve a registry name or checkpoint folder and load it (``ValueError`` if unknown)."""
-        return cls(load_model(resolve(name), device=device, dtype=dtype, say=say))
+        """Resolve a registry name or checkpoint folder and load it (``ValueError`` if unknown);
+        ``linear_kernel``: what its decoder's linear layers run on
+        (:func:`~graphflow.models.linear_kernel.use_linear_kernel`: ``torch``, ``onednn`` or
+        ``auto``, measured here on the calling thread)."""
+        check_linear_kernel(linear_kernel)  # NOTE: before the model loads, not after
+        engine = cls(load_model(resolve(name), device=device, dtype=dtype, say=say))
+        engine.linear_kernel = use_linear_kernel(engine.model, linear_kernel)
+        return engine
 
     @property
     def config(self) -> PretrainedConfig:

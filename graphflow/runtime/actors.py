@@ -167,6 +167,7 @@ def _replica_config(want: Deployment, name: str, timeout_s: float, eviction: str
         prefault_bytes=want.prefault_bytes,
         batching=want.batching,
         max_batch_tokens=want.max_batch_tokens,
+        linear_kernel=want.linear_kernel,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphflow.kv.differential.modes import kv_mode as kv_mode_of
-from graphflow.runtime.batch_limits import BATCH_ROWS, MAX_BATCH_TOKENS
+from graphflow.runtime.batch_limits import BATCH_ROWS, MAX_BATCH_TOKENS, check_linear_kernel
 from graphflow.runtime.replica_config import check_device
 from graphflow.workflow.templates import template_set
 
@@ -100,6 +100,7 @@ class Deployment:
     templates: str = "short"  # the operation templates clients compile workflows with (short | detailed)
     recompute_fraction: float = 0.0  # differential: at least this fraction of each template recomputed
     memory_price: float = 0.0  # seconds placement charges per GiB of KV a decision adds to a replica (0: time only)
+    linear_kernel: str = "auto"  # auto | torch | onednn: what replicas' decoder linear layers run on
 
     def __post_init__(self) -> None:
         if self.recompute_head < 0:
@@ -138,6 +139,7 @@ class Deployment:
             raise ValueError(
                 f"--memory-price must be a finite number of seconds per GiB, 0 or more, got {self.memory_price}"
             )
+        check_linear_kernel(self.linear_kernel)
         kv_mode_of(self.kv_mode)  # a clear error here rather than from inside every actor
         template_set(self.templates)
 
@@ -149,7 +151,7 @@ class Deployment:
         return (
             f"{self.replicas} × {self.model} ({self.kv_mode} KV, {self.capacity_bytes >> 20} MiB each, "
             f"{self.prefault_bytes >> 20} MiB prefaulted, {self.transport}, {self.device}, {threads}, "
-            f"{batching}{spread}, {self.templates} templates{price})"
+            f"{batching}{spread}, {self.templates} templates{price}, linear layers {self.linear_kernel})"
         )
 
     def lam_s_per_byte(self) -> float:

@@ -86,7 +86,7 @@ class ReplicaWorker:
         self.threads = config.threads or os.cpu_count() or 1
         one_parallel = config.batching and not per_thread_support()
         torch.set_num_threads(1 if one_parallel else self.threads)
-        self.engine = Engine.load(config.model, device=config.device)
+        self.engine = Engine.load(config.model, device=config.device, linear_kernel=config.linear_kernel)
         store = BlockStore(
             self.engine.identity,
             config.capacity_bytes,
@@ -364,6 +364,7 @@ class ReplicaWorker:
             cpu_s=time.process_time(),
             engine_busy_s=loop.busy_s if loop else 0.0,
             padded_rows=tuple(sorted(loop.padding.padded.items())) if loop and loop.padding else (),
+            linear_kernel=self.engine.linear_kernel,
             templates=self.templates.summary() if self.templates else TemplateStats(),
             routes=tuple(Route(peer, via) for peer, via in self.transport.routes().items()),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphflow.runtime.batch_limits import BATCH_ROWS, MAX_BATCH_TOKENS
+from graphflow.runtime.batch_limits import BATCH_ROWS, MAX_BATCH_TOKENS, check_linear_kernel
 from graphflow.runtime.kept import check_policy
 
 __all__ = ["ReplicaConfig", "check_device"]
@@ -33,6 +33,7 @@ class ReplicaConfig:
     batching: bool = True  # nodes share forward passes in one engine loop (runtime.batcher); off: one at a time
     max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens one engine step runs (decodes + prefill chunks)
     max_queue: int = 64  # node requests the engine loop holds (the actor's concurrency stays below it)
+    linear_kernel: str = "auto"  # auto | torch | onednn: what the decoder's linear layers run on (models.linear_kernel)
 
     def __post_init__(self) -> None:
         check_policy(self.eviction)
@@ -41,6 +42,7 @@ class ReplicaConfig:
                 f"max_batch_tokens must exceed {BATCH_ROWS} (a step holds every decode), got {self.max_batch_tokens}"
             )
         check_device(self.device)
+        check_linear_kernel(self.linear_kernel)
         if self.threads < 0 or self.prefault_bytes < 0:
             raise ValueError(
                 f"threads and prefault_bytes must be non-negative, got {self.threads}, {self.prefault_bytes}"

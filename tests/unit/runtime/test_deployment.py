@@ -32,6 +32,7 @@ def test_a_cuda_deployment_without_gpus_is_refused():
         ({"prefault_bytes": -1}, "prefault must be 0 bytes or more, got -1"),
         ({"max_batch_tokens": 4}, "--max-batch-tokens must exceed"),
         ({"recompute_fraction": 1.5}, "--recompute-fraction"),
+        ({"linear_kernel": "mkl"}, "unknown linear kernel 'mkl'; use one of auto, torch, onednn"),
     ],
 )
 def test_bad_settings_are_refused_with_what_to_change(settings, says):
@@ -42,6 +43,7 @@ def test_bad_settings_are_refused_with_what_to_change(settings, says):
 def test_describe_names_what_runs():
     text = Deployment("tiny-llama", 2, threads=1).describe()
     assert text.startswith("2 × tiny-llama (exact KV") and "1 threads" in text and "ucx" in text
+    assert text.endswith("linear layers auto)")
 
 
 def test_replicas_that_no_node_has_gpus_for_are_refused_before_anything_starts():
