@@ -83,7 +83,7 @@ def serve(
     ),
     linear_kernel: str = typer.Option(
         "auto",
-        help="What the replicas' decoder linear layers run on: torch (its own BLAS), onednn, or auto "
+        help="What the replicas' linear layers run on: torch (its own BLAS), onednn, or auto "
         "(each replica times both at start and keeps oneDNN where it is clearly faster).",
     ),
     replace: bool = typer.Option(
@@ -210,7 +210,7 @@ def serve(
                 "batching": not no_batching,
                 "max_batch_tokens": max_batch_tokens if not no_batching else 0,
                 "memory_price_s_per_gib": memory_price,
-                # what each replica's decoder linear layers run on, as it chose at start (auto: measured)
+                # what each replica's linear layers run on, as it chose at start (auto: measured)
                 "linear_kernels": {s.replica: s.linear_kernel for s in cluster.stats()},
                 "measured": list(calibration.measured_now),  # "costs" and "src>dst" pairs this call measured
                 "links": [

@@ -62,7 +62,7 @@ class Engine:
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.identity: ModelIdentity = loaded.identity
         self.device = loaded.device
-        self.linear_kernel = "torch"  # what the decoder's linear layers run on (models.linear_kernel)
+        self.linear_kernel = "torch"  # what the model's linear layers run on (models.linear_kernel)
 
     @classmethod
     def load(
@@ -74,7 +74,7 @@ class Engine:
         linear_kernel: str = "auto",
     ) -> Engine:
         """Resolve a registry name or checkpoint folder and load it (``ValueError`` if unknown);
-        ``linear_kernel``: what its decoder's linear layers run on
+        ``linear_kernel``: what its linear layers run on
         (:func:`~graphflow.models.linear_kernel.use_linear_kernel`: ``torch``, ``onednn`` or
         ``auto``, measured here on the calling thread)."""
         check_linear_kernel(linear_kernel)  # NOTE: before the model loads, not after

@@ -1,23 +1,21 @@
-"""Which kernel a model's decoder layers multiply their weights with: torch's own or oneDNN.
+"""Which kernel a model's linear layers multiply their weights with: torch's own or oneDNN.
 
 A float32 ``nn.Linear`` on the CPU goes to torch's BLAS (MKL in its x86 wheels). On this
-repo's 2-core AMD EPYC host, one thread, the 30 MLPs of SmolLM2-135M's shape took 13.6 / 41.1 / 200 ms at
-1 / 16 / 128 rows with it (62 GFLOP/s at 16 rows, 102 at 128), and 10.3 / 23.5 / 95.6 ms with
-oneDNN (torch's ``mkldnn_linear``, weights held as oneDNN tensors: 109 and 213 GFLOP/s). The
-engine loop's many-row steps are bound by these products, a one-row step mostly by reading the
-weights, so the slower kernel cost the batched path most: the engine loop over one replica's
-share of the 16-workflow throughput workload (16 agents over 8 roots of 1,024 tokens, scratch
-timing in one process) ran 7.8 s with torch's kernel and 6.2 s with oneDNN's, while each agent
-alone went from 1.27 to 1.21 s.
+repo's 2-core AMD EPYC host, one thread, the 30 MLPs of SmolLM2-135M's shape took 13.1 / 40.9 /
+202 ms at 1 / 16 / 128 rows with it (62 GFLOP/s at 16 rows, 101 at 128), and 10.4 / 23.5 /
+95.9 ms with oneDNN (108 and 213 GFLOP/s); SmolLM2's output head (576 → 49,152) 14.0 ms at 16
+rows against 7.2, 4.8 ms at one row against 2.6. The engine loop's many-row steps are bound by
+these products, a one-row step mostly by reading the weights, so the slower kernel cost the
+batched path most.
 
-Which one is faster depends on the host and the model's size (a tiny test model's products are
-all call overhead, where torch's is faster), so :func:`use_linear_kernel` with ``"auto"``
-times one decoder layer's MLP both ways over ``ROWS`` rows and keeps oneDNN only when it is
-clearly faster (``MIN_GAIN``); ``"torch"`` and ``"onednn"`` force a kernel. It converts every
-linear layer of the decoder layers (attention projections and MLP), one layer at a time, so the
-weights are never held twice. The output head stays on torch's kernel: in the models here it
-shares its weights with the token embedding, and a oneDNN copy would hold them twice (113 MB
-for SmolLM2).
+oneDNN is reached through torch's ``mkldnn::_linear_pointwise`` (the op torch's own compiler
+emits for CPU linear layers), which takes the dense weight as it is: nothing is copied or
+converted, a head tied to the token embedding stays tied, and the model's parameters (and so
+its identity) are unchanged. Which kernel is faster depends on the host and the model's size (a
+tiny test model's products are all call overhead), so :func:`use_linear_kernel` with
+``"auto"`` times one decoder layer's MLP both ways over ``ROWS`` rows and keeps oneDNN only when
+it is clearly faster (``MIN_GAIN``); ``"torch"`` and ``"onednn"`` force a kernel. Either way
+every linear layer of the model (attention projections, MLP, head) runs on the kernel kept.
 
 Both kernels compute in float32; their results differ in rounding only (the tests bound it),
 so a model's KV is the same model's KV whichever kernel computed it.
@@ -41,20 +39,17 @@ MIN_GAIN = 0.8  # oneDNN is kept when its time is at most this fraction of torch
 
 
 class OneDnnLinear(torch.nn.Module):
-    """A float32 ``nn.Linear`` computed by oneDNN: its weight (and bias) held as oneDNN
-    tensors, the input converted on the way in and the output on the way out."""
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None
+    """A float32 ``nn.Linear`` computed by oneDNN, over the very weight (and bias) parameters
+    of the layer it replaces."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("weight", linear.weight.detach().to_mkldnn())
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to_mkldnn())
+        self.weight = linear.weight  # NOTE: the same parameter, not a copy: a tied head stays tied
+        self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), self.weight, self.bias).to_dense()
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [None], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -68,13 +63,13 @@ def onednn_unsupported(model: Any) -> str:
     if weight.dtype != torch.float32:
         dtype = str(weight.dtype).removeprefix("torch.")
         return f"oneDNN linear layers are used for float32 models; this one is {dtype}"
-    if not torch.backends.mkldnn.is_available():
-        return "this torch was built without oneDNN (mkldnn)"
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return "this torch was built without oneDNN's linear op (mkldnn::_linear_pointwise)"
     return ""
 
 
 def use_linear_kernel(model: Any, kernel: str = "auto", clock: Callable[[], float] = time.perf_counter) -> str:
-    """Run ``model``'s decoder linear layers on ``kernel`` (see the module docstring) and
+    """Run ``model``'s linear layers on ``kernel`` (see the module docstring) and
     return the kernel they now run on, ``"torch"`` or ``"onednn"``. ``"auto"`` measures on the
     calling thread as it is set (call it on a thread with the torch threads the model will
     compute with)."""
@@ -84,8 +79,7 @@ def use_linear_kernel(model: Any, kernel: str = "auto", clock: Callable[[], floa
         raise ValueError(f"cannot run the linear layers on oneDNN: {why}")
     if kernel == "torch" or why or (kernel == "auto" and not _onednn_faster(model, clock)):
         return "torch"
-    for layer in model.model.layers:
-        _convert(layer)
+    _convert(model)
     return "onednn"
 
 

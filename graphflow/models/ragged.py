@@ -223,6 +223,18 @@ def merge(parts: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     return merged[0]
 
 
+def _prefix_groups(
+    rows: Sequence[Row], bounds: Sequence[int], device: torch.device
+) -> list[tuple[SharedPrefix, torch.Tensor]]:
+    """Each shared prefix of ``rows`` with the packed positions of the tokens continuing it
+    (its rows' tokens, in row order)."""
+    groups: dict[int, tuple[SharedPrefix, list[int]]] = {}
+    for i, r in enumerate(rows):
+        if r.shared is not None:
+            groups.setdefault(id(r.shared), (r.shared, []))[1].extend(range(bounds[i], bounds[i + 1]))
+    return [(prefix, torch.tensor(at, dtype=torch.long, device=device)) for prefix, at in groups.values()]
+
+
 @torch.inference_mode()
 def forward_rows(model: Any, rows: Sequence[Row], padding: GemmPadding | None = None) -> list[torch.Tensor | None]:
     """One forward over ``rows`` (see the module docstring): each row's cache grows by its
@@ -261,10 +273,10 @@ def forward_layers(
     positions = torch.cat([torch.arange(r.past, r.past + n, device=device) for r, n in zip(rows, lengths, strict=True)])
     hidden = base.embed_tokens(ids)
     cos, sin = base.rotary_emb(hidden, positions[None])
-    groups: dict[int, list[int]] = {}
-    for i, r in enumerate(rows):
-        if r.shared is not None:
-            groups.setdefault(id(r.shared), []).append(i)
+    prefixes = _prefix_groups(rows, bounds, device)
+    # NOTE: the packed positions of every token that continues a prefix, in the order the
+    # prefixes' outputs are joined below: their merge with the rows' own parts is one for all
+    continuing = torch.cat([at for _, at in prefixes]) if prefixes else None
     for layer_idx, layer in enumerate(base.layers[: model.config.num_hidden_layers]):
         attn = layer.self_attn
         h = layer.input_layernorm(hidden)
@@ -272,24 +284,24 @@ def forward_layers(
         k = attn.k_proj(h).view(1, -1, model.config.num_key_value_heads, attn.head_dim).transpose(1, 2)
         v = attn.v_proj(h).view(1, -1, model.config.num_key_value_heads, attn.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in rows]
-        for members in groups.values():  # the shared prefix: once for every row continuing it
-            prefix = rows[members[0]].shared
-            assert prefix is not None
-            stacked = torch.cat([q[:, :, bounds[i] : bounds[i + 1]] for i in members], dim=2)
-            keys, values = prefix.layer(layer_idx)
-            out, lse = attend(stacked, keys, values, attn.scaling, causal=False)
-            at = 0
-            for i in members:
-                parts[i].append((out[:, :, at : at + lengths[i]], lse[:, :, at : at + lengths[i]]))
-                at += lengths[i]
-        outs = []
+        own = []  # each row over its own cache
         for i, r in enumerate(rows):
             a, b = bounds[i], bounds[i + 1]
             keys, values = r.cache.update(k[:, :, a:b], v[:, :, a:b], layer_idx)
-            parts[i].append(attend(q[:, :, a:b], keys, values, attn.scaling, causal=True))
-            outs.append(merge(parts[i]))
-        mixed = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, ids.shape[1], -1)
+            own.append(attend(q[:, :, a:b], keys, values, attn.scaling, causal=True))
+        out = torch.cat([o for o, _ in own], dim=2)
+        if continuing is not None:  # the shared prefixes: each once for every row continuing it
+            shared = []
+            for prefix, at in prefixes:
+                keys, values = prefix.layer(layer_idx)
+                shared.append(attend(q.index_select(2, at), keys, values, attn.scaling, causal=False))
+            lse = torch.cat([s for _, s in own], dim=2)
+            merged, _ = _merge_pair(
+                (torch.cat([o for o, _ in shared], dim=2), torch.cat([s for _, s in shared], dim=2)),
+                (out.index_select(2, continuing), lse.index_select(2, continuing)),
+            )
+            out = out.index_copy(2, continuing, merged)
+        mixed = out.transpose(1, 2).reshape(1, ids.shape[1], -1)
         hidden = hidden + attn.o_proj(mixed)
         hidden = hidden + _padded(layer.mlp, layer.post_attention_layernorm(hidden), padding)
         yield layer_idx

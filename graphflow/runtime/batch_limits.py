@@ -5,7 +5,7 @@ so the CLI and the client name them without importing torch."""
 MAX_BATCH_TOKENS = 128  # tokens one engine step runs (decodes, then prefill); before steps paused for a
 # short arrival, 256 doubled a short request's wait during a long prefill (experiments/throughput/README.md)
 BATCH_ROWS = 32  # requests one engine step runs at most
-LINEAR_KERNELS = ("auto", "torch", "onednn")  # what a replica's decoder linear layers run on (auto: measured)
+LINEAR_KERNELS = ("auto", "torch", "onednn")  # what a replica's model's linear layers run on (auto: measured)
 
 
 def check_linear_kernel(kernel: str) -> None:

@@ -100,7 +100,7 @@ class Deployment:
     templates: str = "short"  # the operation templates clients compile workflows with (short | detailed)
     recompute_fraction: float = 0.0  # differential: at least this fraction of each template recomputed
     memory_price: float = 0.0  # seconds placement charges per GiB of KV a decision adds to a replica (0: time only)
-    linear_kernel: str = "auto"  # auto | torch | onednn: what replicas' decoder linear layers run on
+    linear_kernel: str = "auto"  # auto | torch | onednn: what replicas' linear layers run on
 
     def __post_init__(self) -> None:
         if self.recompute_head < 0:

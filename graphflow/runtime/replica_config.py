@@ -33,7 +33,7 @@ class ReplicaConfig:
     batching: bool = True  # nodes share forward passes in one engine loop (runtime.batcher); off: one at a time
     max_batch_tokens: int = MAX_BATCH_TOKENS  # tokens one engine step runs (decodes + prefill chunks)
     max_queue: int = 64  # node requests the engine loop holds (the actor's concurrency stays below it)
-    linear_kernel: str = "auto"  # auto | torch | onednn: what the decoder's linear layers run on (models.linear_kernel)
+    linear_kernel: str = "auto"  # auto | torch | onednn: what the model's linear layers run on (models.linear_kernel)
 
     def __post_init__(self) -> None:
         check_policy(self.eviction)

@@ -8,6 +8,7 @@ import torch
 from graphflow.kv.packing import stack_cache
 from graphflow.models import Engine, prompt_token_ids
 from graphflow.models.linear_kernel import OneDnnLinear, onednn_unsupported, use_linear_kernel
+from graphflow.models.loading import weights_digest
 from graphflow.models.ragged import Row, forward_rows
 
 TOL = 1e-5  # fp32 logits of the tiny models: the two kernels only sum the products in another order
@@ -31,20 +32,21 @@ def test_a_onednn_linear_computes_what_the_linear_does():
                 assert torch.allclose(converted(x), linear(x), atol=1e-5)
 
 
-def test_every_decoder_linear_is_converted_and_the_head_is_not(pair):
+def test_every_linear_is_converted_over_its_own_weights(pair):
     plain, onednn = pair
     assert (plain.linear_kernel, onednn.linear_kernel) == ("torch", "onednn")
-    layer = onednn.model.model.layers[0]
-    converted = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj]
-    converted += [layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj]
-    assert all(isinstance(m, OneDnnLinear) for m in converted)
-    assert type(onednn.model.lm_head) is torch.nn.Linear  # it shares the embedding's weights
+    assert not any(isinstance(m, torch.nn.Linear) for m in onednn.model.modules())
     assert not any(isinstance(m, OneDnnLinear) for m in plain.model.modules())
+    head, embedding = onednn.model.lm_head, onednn.model.model.embed_tokens
+    assert isinstance(head, OneDnnLinear)
+    if onednn.model.config.tie_word_embeddings:  # nothing copied: a tied head still reads the embedding
+        assert head.weight is embedding.weight
 
 
 def test_either_kernel_computes_the_same_model_and_its_kv_is_the_same_models(pair):
     plain, onednn = pair
     assert plain.identity == onednn.identity  # KV computed on one is reused on the other
+    assert weights_digest(onednn.model) == weights_digest(plain.model)  # the parameters are untouched
     prompt = prompt_token_ids(plain.tokenizer, 40)
     a, b = plain.prefill(prompt), onednn.prefill(prompt)
     assert torch.allclose(a.logits, b.logits, atol=TOL)
