@@ -353,8 +353,8 @@ def connect(
     replaced). Workflows are compiled with the deployment's ``templates`` (short or detailed).
     Placement charges ``memory_price`` seconds per GiB of KV a decision adds to a replica (the
     policy's λ; 0: time only), so a copy of a context is made only where it saves more than that;
-    an attached client uses the price the deployment was served with. The replicas' decoder
-    linear layers run on ``linear_kernel``: ``torch``'s own, ``onednn``, or ``auto`` (whichever
+    an attached client uses the price the deployment was served with. The replicas' linear
+    layers run on ``linear_kernel``: ``torch``'s own, ``onednn``, or ``auto`` (whichever
     each replica measures faster at start).
 
     An attached client uses the calibration ``graphflow serve`` measured and shared, unless

@@ -115,7 +115,7 @@ class ServeBench:
         ttfts = [t.first_token_s for t in agent_traces]
         decisions = decision_counts(agent_traces)
         growth, kv = self.memory.growth() if memory else 0, self.memory.kept_bytes()
-        steps, rows, replica_cpu, host_cpu = (a - b for a, b in zip(self._counters(), before, strict=True))
+        steps, rows, replica_cpu, host_cpu, busy = (a - b for a, b in zip(self._counters(), before, strict=True))
         return ServeRow(
             self.batching,
             workflows,
@@ -133,6 +133,8 @@ class ServeBench:
             system,
             replica_cpu,
             host_cpu,
+            busy,
+            len(self.replicas),
         )
 
     # ---- shared root ---------------------------------------------------------------------
@@ -191,12 +193,14 @@ class ServeBench:
         """Each agent prompt's length in the served model's tokens."""
         return tuple(len(self.contexts.encode(_agent_prompt(i))) for i in range(agents))
 
-    def _counters(self) -> tuple[float, float, float, float]:
+    def _counters(self) -> tuple[float, float, float, float, float]:
         """Engine steps and forward rows the replicas' loops have run so far, the replicas' CPU
-        seconds, and the host's busy CPU seconds (:mod:`graphflow.bench.host_cpu`)."""
+        seconds, the host's busy CPU seconds (:mod:`graphflow.bench.host_cpu`) and the wall
+        seconds the loops spent in forwards."""
         stats = self.client.status()
         steps, rows = sum(s.engine_steps for s in stats), sum(s.engine_rows for s in stats)
-        return steps, rows, sum(s.cpu_s for s in stats), host_busy_seconds()
+        busy = sum(s.engine_busy_s for s in stats)
+        return steps, rows, sum(s.cpu_s for s in stats), host_busy_seconds(), busy
 
     def _engine_pauses(self) -> int:
         return sum(s.engine_pauses for s in self.client.status())

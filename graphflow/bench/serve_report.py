@@ -41,6 +41,15 @@ class ServeRow:
     system: str = "ours"  # or a baseline of graphflow.bench.systems
     replica_cpu_s: float = 0.0  # CPU seconds the replicas' processes used over the timed part
     host_cpu_s: float = 0.0  # busy CPU seconds of the whole host over it (replicas, client, Ray, OS)
+    engine_busy_s: float = 0.0  # wall seconds the replicas' engine loops spent in forwards over it, summed
+    replicas: int = 1  # the deployment's replicas
+
+    @property
+    def engine_share(self) -> float:
+        """The part of the replicas' time (replicas × wall) their engine loops spent in forwards:
+        the rest went to receiving, storing, Ray calls and waiting (0 with batching off)."""
+        replicas_s = self.wall_s * self.replicas
+        return self.engine_busy_s / replicas_s if replicas_s > 0 else 0.0
 
     @property
     def replica_cores(self) -> float:
@@ -127,7 +136,10 @@ class ServeReport:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "rows": [{**asdict(r), "replica_cores": r.replica_cores, "other_cores": r.other_cores} for r in self.rows],
+            "rows": [
+                {**asdict(r), "replica_cores": r.replica_cores, "other_cores": r.other_cores, "engine_share": r.engine_share}
+                for r in self.rows
+            ],
             "speedup_vs_unbatched": self.speedup_vs_unbatched,
             "ours_over": {s: self.ours_over(s) for s in sorted({r.system for r in self.rows} - {"ours"})},
             "ours_over_prefix_caching": self.ours_over_prefix_caching,

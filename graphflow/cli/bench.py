@@ -391,6 +391,7 @@ def bench_serve_cmd(
         "peak RSS MiB",
         "KV MiB",
         "rows/step",
+        "engine busy",
         "cores: replicas / other",
         title=f"bench serve: {model}",
     )
@@ -406,6 +407,7 @@ def bench_serve_cmd(
             f"{r.peak_rss_bytes / 2**20:.0f}" if result.row_memory else "—",
             f"{r.kv_bytes / 2**20:.0f}",
             f"{r.rows_per_step:.1f}" if r.batching else "—",
+            f"{r.engine_share:.0%}" if r.batching else "—",
             f"{r.replica_cores:.2f} / {r.other_cores:.2f}",
         )
     out.print(table)

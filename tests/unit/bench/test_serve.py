@@ -28,6 +28,13 @@ def row(batching: bool, workflows: int, tps: float) -> ServeRow:
     return ServeRow(batching, workflows, 2 * workflows, int(tps * 10), 10.0, tps, 0.1, 0.2, 1, 2, {"reuse": 1}, 5, 2.0)
 
 
+def test_the_engine_share_is_the_loops_forward_time_over_every_replicas_wall():
+    busy = replace(row(True, 16, 90.0), engine_busy_s=15.0, replicas=2)  # 10 s wall
+    assert busy.engine_share == pytest.approx(0.75)
+    assert ServeReport((busy,)).to_json()["rows"][0]["engine_share"] == pytest.approx(0.75)
+    assert row(False, 16, 30.0).engine_share == 0.0  # no loop, no forwards counted
+
+
 def test_summary_ratios_come_from_the_same_run():
     rows = [row(True, 1, 20.0), row(True, 16, 90.0), row(False, 1, 10.0), row(False, 16, 30.0)]
     memory = [MemoryRow(True, True, 16, 4096, 100, 1.0), MemoryRow(True, False, 16, 4096, 1000, 9.0)]
