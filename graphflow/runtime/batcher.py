@@ -39,6 +39,11 @@ unbatched path; its table is in ``experiments/throughput/README.md``):
   (up to dde04e8) cost the whole prefix again per shared context (180 MiB for a 4K SmolLM2
   root). The gather reads what attention over a copy would read, and the layer it writes is
   still in cache when attention reads it; what it costs in tokens/s is in the served bench.
+* **the linear layers on the faster kernel of the host**: a many-row step is bound by its
+  matrix products, which torch's BLAS ran at 62 GFLOP/s on this host's 16-row steps and oneDNN
+  at 108, so each replica times both at start and keeps the faster
+  (:mod:`graphflow.models.linear_kernel`). The unbatched path uses the same kernel: its one-row
+  steps, bound by reading the weights, gained from it only in the head.
 * **shortest prefill first, nothing long beside it**: a step runs the prefills that finish in it;
   only when none does, a chunk of the shortest.
 * **a running step pauses between layers for a short arrival**: a chunk's cost grows with its
