@@ -8,8 +8,9 @@ rows against 7.2, 4.8 ms at one row against 2.6. The engine loop's many-row step
 these products, a one-row step mostly by reading the weights, so the slower kernel cost the
 batched path most.
 
-oneDNN is reached through torch's ``mkldnn::_linear_pointwise`` (the op torch's own compiler
-emits for CPU linear layers), which takes the dense weight as it is: nothing is copied or
+oneDNN is reached through torch's ``mkldnn::_linear_pointwise`` (the op torch's compiler fuses
+CPU linear layers into, ``torch/_inductor/fx_passes/mkldnn_fusion.py``), which takes the dense
+weight as it is: nothing is copied or
 converted, a head tied to the token embedding stays tied, and the model's parameters (and so
 its identity) are unchanged. Which kernel is faster depends on the host and the model's size (a
 tiny test model's products are all call overhead), so :func:`use_linear_kernel` with

@@ -296,9 +296,11 @@ def forward_layers(
                 keys, values = prefix.layer(layer_idx)
                 shared.append(attend(q.index_select(2, at), keys, values, attn.scaling, causal=False))
             lse = torch.cat([s for _, s in own], dim=2)
-            merged, _ = _merge_pair(
-                (torch.cat([o for o, _ in shared], dim=2), torch.cat([s for _, s in shared], dim=2)),
-                (out.index_select(2, continuing), lse.index_select(2, continuing)),
+            merged = merge(
+                [
+                    (torch.cat([o for o, _ in shared], dim=2), torch.cat([s for _, s in shared], dim=2)),
+                    (out.index_select(2, continuing), lse.index_select(2, continuing)),
+                ]
             )
             out = out.index_copy(2, continuing, merged)
         mixed = out.transpose(1, 2).reshape(1, ids.shape[1], -1)
