@@ -137,7 +137,12 @@ class ServeReport:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "rows": [
-                {**asdict(r), "replica_cores": r.replica_cores, "other_cores": r.other_cores, "engine_share": r.engine_share}
+                {
+                    **asdict(r),
+                    "replica_cores": r.replica_cores,
+                    "other_cores": r.other_cores,
+                    "engine_share": r.engine_share,
+                }
                 for r in self.rows
             ],
             "speedup_vs_unbatched": self.speedup_vs_unbatched,
