@@ -196,11 +196,12 @@ def serve(
     # line once ended the process outside this block, with the head it started left running
     try:
         with stopped_by_signal():
+            stats = cluster.stats()  # NOTE: one round to every replica, for placement and kernels
             info = {
                 "address": head,
                 "client_address": client_address(head),
                 "replicas": cluster.replicas,
-                "placement": [{"replica": s.replica, "node": s.node, "host": s.host} for s in cluster.stats()],
+                "placement": [{"replica": s.replica, "node": s.node, "host": s.host} for s in stats],
                 "model": model,
                 "kv_mode": kv_mode,
                 "templates": templates,
@@ -211,7 +212,7 @@ def serve(
                 "max_batch_tokens": max_batch_tokens if not no_batching else 0,
                 "memory_price_s_per_gib": memory_price,
                 # what each replica's linear layers run on, as it chose at start (auto: measured)
-                "linear_kernels": {s.replica: s.linear_kernel for s in cluster.stats()},
+                "linear_kernels": {s.replica: s.linear_kernel for s in stats},
                 "measured": list(calibration.measured_now),  # "costs" and "src>dst" pairs this call measured
                 "links": [
                     {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}

@@ -24,6 +24,7 @@ so a model's KV is the same model's KV whichever kernel computed it.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -95,11 +96,10 @@ def _convert(module: torch.nn.Module) -> None:
 @torch.inference_mode()
 def _onednn_faster(model: Any, clock: Callable[[], float], repeats: int = 7) -> bool:
     """Whether the first decoder layer's MLP over ``ROWS`` rows runs in at most ``MIN_GAIN``
-    of torch's time on oneDNN (a converted copy of it is timed; medians of ``repeats``)."""
-    import copy
-
+    of torch's time on oneDNN (a converted twin of it, over the same weights, is timed; medians of
+    ``repeats``)."""
     mlp = model.model.layers[0].mlp
-    converted = copy.deepcopy(mlp)
+    converted = copy.deepcopy(mlp, memo={id(p): p for p in mlp.parameters()})  # NOTE: the weights are shared
     _convert(converted)
     x = torch.randn(1, ROWS, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     x = x.to(model.lm_head.weight.dtype)
