@@ -83,7 +83,7 @@ class TransferCheckResult:
 
 
 def send_side(check: TransferCheck, transport: Transport, peer: str, rendezvous: Path) -> Sent:
-    engine = Engine.load(check.model)
+    engine = Engine.load(check.model, linear_kernel="torch")  # NOTE: one kernel in both processes (bit-exact)
     ids = prompt_token_ids(engine.tokenizer, check.tokens)
     pre = engine.prefill(ids)
     first = int(torch.argmax(pre.logits))
@@ -100,7 +100,7 @@ def send_side(check: TransferCheck, transport: Transport, peer: str, rendezvous:
 
 
 def receive_side(check: TransferCheck, transport: Transport, peer: str, rendezvous: Path) -> Received:
-    engine = Engine.load(check.model)
+    engine = Engine.load(check.model, linear_kernel="torch")  # NOTE: one kernel in both processes (bit-exact)
     ids = prompt_token_ids(engine.tokenizer, check.tokens)
     received = transport.recv(spec_for_prompt(engine.identity, ids, check.block_tokens, peer, TRANSFER_ID))
     cache = blocks_to_cache(from_wire(received.headers, received.tensors), engine.identity, engine.config)
