@@ -213,6 +213,8 @@ def serve(
                 "memory_price_s_per_gib": memory_price,
                 # what each replica's linear layers run on, as it chose at start (auto: measured)
                 "linear_kernels": {s.replica: s.linear_kernel for s in stats},
+                # how each replica's engine loop reads the stored prefixes its nodes continue
+                "prefix_reading": {s.replica: s.prefix_reading for s in stats},
                 "measured": list(calibration.measured_now),  # "costs" and "src>dst" pairs this call measured
                 "links": [
                     {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}

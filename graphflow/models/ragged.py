@@ -37,6 +37,7 @@ import torch
 
 from graphflow.kv.packing import cache_length
 from graphflow.models.gemm_padding import GemmPadding
+from graphflow.models.prefix_kernel import MAX_QUERIES, prefix_kernel
 from graphflow.models.scratch import ScratchBuffer
 
 if TYPE_CHECKING:
@@ -61,7 +62,10 @@ class SharedPrefix:
     """KV of a prefix several rows continue, held once: a chain of parts, each
     ``[layers, 2, kv_heads, tokens, head_dim]``, in token order.
 
-    On the CPU the parts are the stored blocks themselves, not a copy: :meth:`layer` gathers one
+    On the CPU the parts are the stored blocks themselves, not a copy. :meth:`attend` reads a
+    few queries' attention (a decode step's) from them in place with the kernel of
+    :mod:`~graphflow.models.prefix_kernel` where it is built and takes the blocks. Otherwise, and
+    for many queries (a prefill chunk), :meth:`layer` gathers one
     layer's keys and values into its thread's gather buffer, one for every prefix the thread
     gathers (the engine loop's: the rows attend each layer right after it is gathered), of the
     largest layer gathered so far, so prefixes read at once cost one layer of the longest on
@@ -71,7 +75,9 @@ class SharedPrefix:
     the device once, and :meth:`layer` returns views of it.
     """
 
-    def __init__(self, parts: Sequence[torch.Tensor], device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, parts: Sequence[torch.Tensor], device: str | torch.device = "cpu", in_place: bool = True
+    ) -> None:
         if not parts:
             raise ValueError("a shared prefix needs at least one part")
         shape = parts[0].shape
@@ -86,6 +92,25 @@ class SharedPrefix:
         # NOTE: each layer's views of the parts, made once: building them per step cost as much
         # as the gather itself (256 blocks × 30 layers of SmolLM2 at 4K tokens)
         self._views = [[p[i] for p in self.parts] for i in range(self.layers)] if len(self.parts) > 1 else []
+        # the in-place kernel's description of the blocks (None: every layer is gathered for flash)
+        self._blocks = prefix_kernel().blocks(self.parts) if in_place and len(self.parts) > 1 else None
+
+    @property
+    def in_place(self) -> bool:
+        """Whether few queries attend over the blocks in place (:mod:`~graphflow.models.prefix_kernel`)."""
+        return self._blocks is not None
+
+    def attend(self, index: int, q: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention of ``q`` ``[1, heads, t, head_dim]`` over every token of layer ``index``,
+        and its log-sum-exp ``[1, heads, t]`` (as :func:`attend` with ``causal=False``)."""
+        _, heads, t, d = q.shape
+        kv_heads = int(self.parts[0].shape[2])
+        queries = heads // kv_heads * t
+        if self._blocks is None or queries > MAX_QUERIES:
+            keys, values = self.layer(index)
+            return attend(q, keys, values, scale, causal=False)
+        out, lse = prefix_kernel().attend(q.reshape(kv_heads, queries, d).contiguous(), self._blocks, index, scale)
+        return out.view(1, heads, t, d), lse.view(1, heads, t)
 
     @classmethod
     def from_tensor(cls, kv: torch.Tensor, device: str | torch.device = "cpu") -> SharedPrefix:
@@ -293,8 +318,7 @@ def forward_layers(
         if continuing is not None:  # the shared prefixes: each once for every row continuing it
             shared = []
             for prefix, at in prefixes:
-                keys, values = prefix.layer(layer_idx)
-                shared.append(attend(q.index_select(2, at), keys, values, attn.scaling, causal=False))
+                shared.append(prefix.attend(layer_idx, q.index_select(2, at), attn.scaling))
             lse = torch.cat([s for _, s in own], dim=2)
             merged = merge(
                 [

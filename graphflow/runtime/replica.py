@@ -40,6 +40,7 @@ from graphflow.kv.manager import AdmitEvent, EvictEvent, ReplicaInfo
 from graphflow.kv.state import Placement
 from graphflow.kv.store import BlockStore
 from graphflow.models.engine import Engine
+from graphflow.models.prefix_kernel import prefix_kernel
 from graphflow.models.ragged import unsupported
 from graphflow.models.threads import per_thread_support
 from graphflow.runtime.batch_limits import BATCH_ROWS
@@ -72,6 +73,16 @@ def _templates(engine: Engine, config: ReplicaConfig) -> TemplateKV | None:
         return None
     codec = ResidualCodec(recompute_head=config.recompute_head, recompute_fraction=config.recompute_fraction)
     return TemplateKV(engine, mode, codec, config.residual_refs, config.hot_min_count)
+
+
+def _prefix_reading(engine: Engine, batcher: Batcher | None) -> str:
+    """How nodes read the stored prefixes they continue: "in place" (the engine loop's rows,
+    :mod:`graphflow.models.prefix_kernel`, built here once a host), else how and why."""
+    if batcher is None:
+        return "copied into each node's cache (no engine loop)"
+    dtype = next(engine.model.parameters()).dtype
+    why = prefix_kernel().unusable(engine.identity.layout.head_dim, dtype, torch.device(engine.device))
+    return f"gathered a layer at a time: {why}" if why else "in place"
 
 
 class ReplicaWorker:
@@ -116,6 +127,8 @@ class ReplicaWorker:
         self.batcher, self.batching_off = self._engine_loop(self.threads if one_parallel else 0)
         if one_parallel and self.batcher is None:  # no loop after all: every thread computes
             torch.set_num_threads(self.threads)
+        # NOTE: built here (a second, once a host) rather than in the first step that reads a prefix
+        self.prefix_reading = _prefix_reading(self.engine, self.batcher)
         self.compute = NodeCompute(self.engine, self.batcher, self.templates, self._lock, config.block_tokens)
         self.nodes = NodeRunner(config, self.kept, held, self.compute, self.transport, self.pool, self.deliveries)
         self._active = 0  # node calls in this replica now (receiving, queued or running)
@@ -365,6 +378,7 @@ class ReplicaWorker:
             engine_busy_s=loop.busy_s if loop else 0.0,
             padded_rows=tuple(sorted(loop.padding.padded.items())) if loop and loop.padding else (),
             linear_kernel=self.engine.linear_kernel,
+            prefix_reading=self.prefix_reading,
             templates=self.templates.summary() if self.templates else TemplateStats(),
             routes=tuple(Route(peer, via) for peer, via in self.transport.routes().items()),
         )

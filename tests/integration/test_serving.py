@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from graphflow.models.prefix_kernel import prefix_kernel
 from graphflow.runtime.cluster import answers, ray_exe, stop_head
 from tests.integration.helpers.cli import ENV
 from tests.integration.helpers.cli import cli as _cli
@@ -175,6 +176,10 @@ def test_serve_submit_status_shutdown(tmp_path):
         assert all(r["batching"] for r in status["replicas"]) and sum(r["engine_steps"] for r in status["replicas"]) > 0
         # each loop measured at its start which steps to pad: (rows, rows run), each padded upwards, within 16
         assert all(n < m <= 16 for r in status["replicas"] for n, m in r["padded_rows"]), status["replicas"]
+        # and read stored prefixes in place where this host builds the kernel
+        why = prefix_kernel().missing
+        reading = "in place" if not why else f"gathered a layer at a time: {why}"
+        assert all(r["prefix_reading"] == reading for r in status["replicas"]), status["replicas"]
         # the sweep between the deployment's served replicas: one ordered pair, its link as serve measured it
         sweep = _last_json(
             _cli(

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+from graphflow.kv.packing import stack_cache
+from graphflow.models.prefix_kernel import MAX_QUERIES, build, prefix_kernel
+from graphflow.models.ragged import Row, SharedPrefix, attend, forward_rows
+
+TOL = 1e-5
+
+
+def _kernel():
+    kernel = prefix_kernel()
+    if kernel.library is None:
+        pytest.skip(f"no prefix kernel on this host: {kernel.missing}")
+    return kernel
+
+
+def _avx512() -> bool:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        return " avx512f " in f.read()
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not _avx512(), reason="the kernel is built for AVX-512 hosts")
+def test_the_kernel_builds_on_an_avx512_host():
+    assert prefix_kernel().missing == ""
+    assert prefix_kernel() is prefix_kernel()  # built once a process
+
+
+def _blocks(kv: torch.Tensor, tokens: int) -> list[torch.Tensor]:
+    return [part.contiguous() for part in kv.split(tokens, dim=3)]
+
+
+@pytest.mark.parametrize(
+    ("dim", "kv_heads", "group", "t", "length", "block"),
+    [
+        (64, 3, 3, 2, 1024, 16),  # SmolLM2's shape, two decode rows
+        (64, 2, 2, 1, 100, 16),  # a partial last block
+        (64, 1, 7, 1, 70, 32),  # blocks longer than the kernel's 16 keys; 7 queries: past one register pass
+        (128, 2, 4, 3, 90, 16),
+        (64, 2, 1, 40, 33, 16),  # 40 queries a head, one key in the last block
+        (16, 2, 2, 5, 48, 16),  # the tiny test models' heads
+        (32, 1, 4, 1, 17, 16),
+    ],
+)
+def test_the_kernel_equals_attention_over_the_joined_prefix(dim, kv_heads, group, t, length, block):
+    _kernel()
+    torch.manual_seed(0)
+    kv = torch.randn(3, 2, kv_heads, length, dim)
+    q = torch.randn(1, kv_heads * group, t, dim)
+    held = SharedPrefix(_blocks(kv, block))
+    assert held.in_place
+    for layer in range(3):
+        want, want_lse = attend(q, kv[layer, 0][None], kv[layer, 1][None], dim**-0.5, causal=False)
+        got, lse = held.attend(layer, q, dim**-0.5)
+        assert got.shape == want.shape and lse.shape == want_lse.shape
+        assert torch.allclose(got, want, atol=TOL) and torch.allclose(lse, want_lse, atol=TOL)
+
+
+def test_a_gathered_prefix_and_many_queries_take_flash():
+    torch.manual_seed(0)
+    kv = torch.randn(2, 2, 1, 48, 64)
+    gathered = SharedPrefix(_blocks(kv, 16), in_place=False)
+    assert not gathered.in_place
+    many = torch.randn(1, 1, MAX_QUERIES + 1, 64)  # a prefill chunk's queries
+    want = attend(many, kv[1, 0][None], kv[1, 1][None], 0.125, causal=False)
+    for prefix in (gathered, SharedPrefix(_blocks(kv, 16))):
+        got = prefix.attend(1, many, 0.125)
+        assert torch.allclose(got[0], want[0], atol=TOL) and torch.allclose(got[1], want[1], atol=TOL)
+
+
+def test_blocks_the_kernel_cannot_read_are_gathered():
+    kernel = _kernel()
+    kv = torch.randn(2, 2, 1, 32, 64)
+    assert kernel.blocks(_blocks(kv.to(torch.bfloat16), 16)) is None  # float32 only
+    assert kernel.blocks(_blocks(torch.randn(2, 2, 1, 32, 48), 16)) is None  # head dimensions it was built for
+    assert not SharedPrefix(_blocks(kv.double(), 16)).in_place
+    assert not SharedPrefix.from_tensor(kv).in_place  # one part: its layers are views already
+
+
+def test_a_kernel_that_cannot_be_built_says_why(tmp_path):
+    missing = build(compiler=str(tmp_path / "no-such-cc"), cache=tmp_path).missing
+    assert "could not be built with" in missing and "no-such-cc" in missing
+    (tmp_path / "cc").write_text("#!/bin/sh\necho 'x.c:1: error: no compiler here' >&2\nexit 1\n")
+    (tmp_path / "cc").chmod(0o755)
+    failed = build(compiler=str(tmp_path / "cc"), cache=tmp_path / "cache")
+    assert failed.library is None and "error: no compiler here" in failed.missing
+
+
+def test_rows_over_a_prefix_read_in_place_decode_as_over_a_gathered_one():
+    _kernel()
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=259, hidden_size=384, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, head_dim=64,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    root = list(range(3, 83))  # 80 tokens: five blocks of 16
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(torch.tensor([root]), cache=cache, use_cache=True)
+    kv = stack_cache(cache)
+    tokens = {}
+    for in_place in (True, False):
+        prefix = SharedPrefix(_blocks(kv, 16), in_place=in_place)
+        assert prefix.in_place is in_place
+        rows = [Row([7 + i, 9], DynamicCache(), prefix) for i in range(4)]
+        steps = [forward_rows(model, rows)]
+        for _ in range(5):
+            nexts = [Row([int(x.argmax())], r.cache, prefix) for x, r in zip(steps[-1], rows, strict=True)]
+            steps.append(forward_rows(model, nexts))
+        tokens[in_place] = torch.stack([torch.stack(s) for s in steps])
+    assert torch.allclose(tokens[True], tokens[False], atol=TOL)
+    assert torch.equal(tokens[True].argmax(-1), tokens[False].argmax(-1))
