@@ -129,7 +129,10 @@ def build(compiler: str | None = None, cache: Path | None = None) -> PrefixKerne
                 os.replace(built, target)
         except (OSError, subprocess.SubprocessError) as exc:
             return PrefixKernel(None, f"it could not be built with {compiler}: {exc}")
-    library = ctypes.CDLL(str(target))
+    try:
+        library = ctypes.CDLL(str(target))
+    except OSError as exc:  # e.g. a cache on a filesystem mounted noexec
+        return PrefixKernel(None, f"the built kernel could not be loaded: {exc}")
     library.prefix_attend.restype = ctypes.c_int
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     library.prefix_attend.argtypes = [ptr, i64, i64, i64, ctypes.c_float, ptr, i64, i64, ptr, ptr]

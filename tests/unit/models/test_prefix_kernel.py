@@ -88,6 +88,9 @@ def test_a_kernel_that_cannot_be_built_says_why(tmp_path):
     (tmp_path / "cc").chmod(0o755)
     failed = build(compiler=str(tmp_path / "cc"), cache=tmp_path / "cache")
     assert failed.library is None and "error: no compiler here" in failed.missing
+    (tmp_path / "cc").write_text('#!/bin/sh\nwhile [ "$1" != -o ]; do shift; done\necho junk > "$2"\n')
+    broken = build(compiler=str(tmp_path / "cc"), cache=tmp_path / "broken")  # "built", but not a library
+    assert broken.library is None and "could not be loaded" in broken.missing
 
 
 def test_rows_over_a_prefix_read_in_place_decode_as_over_a_gathered_one():
