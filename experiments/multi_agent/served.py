@@ -21,6 +21,7 @@ from typing import Any
 
 from experiments.common import progress, publish_served, served_args
 from graphflow.bench.multi_agent import SYSTEMS, MultiAgentReport, check_request, run_multi_agent_bench
+from graphflow.bench.serve_report import calibration_line
 
 HERE = Path(__file__).parent
 FULL = {
@@ -82,6 +83,8 @@ def table(result: MultiAgentReport, settings: dict[str, Any]) -> str:
             "between trials; peak memory is `experiments/peak_memory`'s own trials)."
         ),
     ]
+    if result.calibration:
+        lines += ["", calibration_line(result.calibration)]
     return "\n".join(lines)
 
 

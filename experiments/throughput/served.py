@@ -16,7 +16,7 @@ from typing import Any
 
 from experiments.common import progress, publish_served, served_args
 from graphflow.bench.serve import run_serve_bench
-from graphflow.bench.serve_report import ServeReport
+from graphflow.bench.serve_report import ServeReport, calibration_line
 from graphflow.runtime.batch_limits import MAX_BATCH_TOKENS
 
 HERE = Path(__file__).parent
@@ -87,6 +87,7 @@ def table(result: ServeReport, settings: dict[str, Any]) -> str:
             f"workload at {top.workflows} workflows, same run: {result.scripted_tokens_per_s:.1f} tok/s "
             f"(served batched: {top.tokens_per_s:.1f})."
         )
+    lines.extend(calibration_line(c) for c in result.calibrations)
     for m in result.memory:
         mode = "reuse, shared root" if m.reuse else "reuse off (dense)"
         lines.append(

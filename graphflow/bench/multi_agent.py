@@ -35,6 +35,7 @@ from typing import Any
 
 from graphflow.bench.replica_memory import ReplicaMemory
 from graphflow.bench.serve import HOLDER, agents_graph, decision_counts
+from graphflow.bench.serve_report import calibration_summary
 from graphflow.bench.served import PinnedAgent
 from graphflow.bench.systems import PREFIX_CACHING, lowest_per_key, run_as
 from graphflow.client import Client, connect, new_run_id
@@ -138,6 +139,7 @@ class MultiAgentReport:
     threads: int = 0  # torch threads per replica
     transport: str = ""
     memory_price: float = 0.0  # seconds per GiB of new KV the deployment's placement charged
+    calibration: Mapping[str, Any] | None = None  # what the placements weighed (serve_report.calibration_summary)
 
     def _over_ours(self, system: str, part: Callable[[MultiAgentRow], float]) -> dict[int, float]:
         by = {(r.agents, r.system): r for r in self.rows}
@@ -181,7 +183,8 @@ class MultiAgentReport:
         """A report back from its :meth:`to_json` (a study's committed JSON); the ratios are
         derived again from the rows."""
         rows = tuple(MultiAgentRow(**{**r, "makespans_s": tuple(r.get("makespans_s", ()))}) for r in obj["rows"])
-        return cls(rows, obj.get("threads", 0), obj.get("transport", ""), obj.get("memory_price_s_per_gib", 0.0))
+        price = obj.get("memory_price_s_per_gib", 0.0)
+        return cls(rows, obj.get("threads", 0), obj.get("transport", ""), price, obj.get("calibration"))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -195,6 +198,7 @@ class MultiAgentReport:
             "threads": self.threads,
             "transport": self.transport,
             "memory_price_s_per_gib": self.memory_price,
+            "calibration": self.calibration,
         }
 
 
@@ -249,4 +253,5 @@ def run_multi_agent_bench(
                 tries[system].append(bench.trial(system, k, root_tokens))
         rows += [median_trial(tries[system]) for system in systems]
     first = client.status()[0]
-    return MultiAgentReport(tuple(rows), first.threads, first.transport, memory_price)
+    calibration = calibration_summary(first.batching, client.executor.policy, client.executor.links)
+    return MultiAgentReport(tuple(rows), first.threads, first.transport, memory_price, calibration)

@@ -35,10 +35,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from graphflow.bench.host_cpu import host_busy_seconds
 from graphflow.bench.replica_memory import ReplicaMemory
-from graphflow.bench.serve_report import HolRow, MemoryRow, ServeReport, ServeRow, percentile
+from graphflow.bench.serve_report import HolRow, MemoryRow, ServeReport, ServeRow, calibration_summary, percentile
 from graphflow.bench.served import PinnedAgent
 from graphflow.bench.systems import SYSTEMS, run_as
 from graphflow.client import Client, connect, new_run_id
@@ -264,6 +265,7 @@ def run_serve_bench(
     rows: list[ServeRow] = []
     memory: list[MemoryRow] = []
     hol: list[HolRow] = []
+    calibrations: list[dict[str, Any]] = []
     for batching in modes:
         label = "batching" if batching else "no batching"
         say(f"starting {replicas} replicas of {model} ({label})")
@@ -277,6 +279,7 @@ def run_serve_bench(
             capacity_mib=2048,
         )
         bench = ServeBench(client, batching, say)
+        calibrations.append(calibration_summary(batching, client.executor.policy, client.executor.links))
         # NOTE: a warm-up at full size and the largest count: every replica has run a node and the
         # other replica has received as many roots at once as a timed trial sends it, so the timed
         # trials' receives land in recycled buffers (steady state)
@@ -309,4 +312,12 @@ def run_serve_bench(
     if scripted:
         say(f"the scripted agents job at {max(workflows)} workflows")
         scripted_rate = scripted_tokens_per_s(model, root_tokens, max(workflows), 64, decode)
-    return ServeReport(tuple(rows), tuple(memory), tuple(hol), bench.prompt_tokens(agents), scripted_rate, row_memory)
+    return ServeReport(
+        tuple(rows),
+        tuple(memory),
+        tuple(hol),
+        bench.prompt_tokens(agents),
+        scripted_rate,
+        row_memory,
+        tuple(calibrations),
+    )

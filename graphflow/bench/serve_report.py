@@ -3,11 +3,13 @@ each taken within one run (:mod:`graphflow.bench.serve` measures them)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from graphflow.bench.systems import PREFIX_CACHING, lowest_per_key
+from scheduler.cost import LinkMatrix
+from scheduler.policy import Policy
 
 __all__ = ["HolRow", "MemoryRow", "ServeReport", "ServeRow", "percentile"]
 
@@ -103,6 +105,8 @@ class ServeReport:
     agent_prompt_tokens: tuple[int, ...] = ()
     scripted_tokens_per_s: float | None = None  # the scripted agents job, same workload, same run
     row_memory: bool = True  # whether the rows' peak_rss_bytes were measured
+    # per deployment (batching on, off): what its calibration measured, which the placements weigh
+    calibrations: tuple[dict[str, Any], ...] = ()
 
     @property
     def speedup_vs_unbatched(self) -> dict[int, float]:
@@ -161,4 +165,32 @@ class ServeReport:
             ]
         if self.scripted_tokens_per_s is not None:
             out["scripted_tokens_per_s"] = self.scripted_tokens_per_s
+        if self.calibrations:
+            out["calibrations"] = list(self.calibrations)
         return out
+
+
+def calibration_summary(batching: bool, policy: Policy, links: LinkMatrix) -> dict[str, Any]:
+    """What a deployment's calibration measured that its placements weigh: the decode steps and
+    contention factor (``None`` without an engine loop) and each measured link."""
+    return {
+        "batching": batching,
+        "decode_steps": asdict(policy.decode) if policy.decode is not None else None,
+        "links": [
+            {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
+            for (a, b), ln in sorted(links.pairs.items())
+        ],
+    }
+
+
+def calibration_line(c: Mapping[str, Any]) -> str:
+    """One sentence on a deployment's calibration (:func:`calibration_summary`)."""
+    mode = "on" if c["batching"] else "off"
+    steps = c["decode_steps"]
+    contention = f"replicas stepping at once ×{steps['contention']:.2f}" if steps else "no decode term"
+    links = ", ".join(
+        f"{ln['src'].rsplit('-', 1)[-1]}→{ln['dst'].rsplit('-', 1)[-1]} {ln['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s"
+        for ln in c["links"]
+    )
+    measured = "measured at the deployment's start"
+    return f"Placement weighed, batching {mode}: {contention}; links {links or 'none'} ({measured})."

@@ -278,6 +278,7 @@ def bench_multi_agent_cmd(
     never move KV (local: round-robin replicas; routed: cache-aware placement; holder: every
     agent on the replica holding the root), same run."""
     from graphflow.bench.multi_agent import run_multi_agent_bench
+    from graphflow.bench.serve_report import calibration_line
 
     result = run_multi_agent_bench(
         model,
@@ -321,6 +322,8 @@ def bench_multi_agent_cmd(
     for k in sorted({r.agents for r in result.rows}):
         said = [f"{name} {v[k]:.3f}" for name, v in ratios.items() if k in v]
         out.print(f"{k} agents: {', '.join(said) or 'ours only'}")
+    if result.calibration:
+        out.print(calibration_line(result.calibration))
 
 
 @app.command("serve")
@@ -355,6 +358,7 @@ def bench_serve_cmd(
     peak memory of agents over one root, a short node's TTFT during a long prefill; batching
     on and off in the same run."""
     from graphflow.bench.serve import run_serve_bench
+    from graphflow.bench.serve_report import calibration_line
 
     if no_batching and no_reference:
         raise ValueError("--no-batching and --no-reference leave nothing to run; pass at most one")
@@ -420,6 +424,8 @@ def bench_serve_cmd(
         out.print(
             f"the scripted agents job (not the served path), same workload: {result.scripted_tokens_per_s:.1f} tok/s"
         )
+    for c in result.calibrations:
+        out.print(calibration_line(c))
     for m in result.memory:
         mode = f"batching {'on' if m.batching else 'off'}, reuse {'on' if m.reuse else 'off (dense)'}"
         out.print(

@@ -5,8 +5,18 @@ from dataclasses import replace
 import pytest
 
 from graphflow.bench.serve import agents_graph
-from graphflow.bench.serve_report import HolRow, MemoryRow, ServeReport, ServeRow, percentile
+from graphflow.bench.serve_report import (
+    HolRow,
+    MemoryRow,
+    ServeReport,
+    ServeRow,
+    calibration_line,
+    calibration_summary,
+    percentile,
+)
 from graphflow.workflow.compile import ROOT
+from scheduler.cost import DecodeModel, LinkMatrix, LinkSpec, PrefillModel
+from scheduler.policy import Policy
 
 
 def test_agents_graph_fans_out_from_the_task_context():
@@ -89,3 +99,20 @@ def test_bad_sizes_are_refused_before_any_replica_starts():
         with pytest.raises(ValueError, match=match):
             run_serve_bench(**{**good, **bad}, say=said.append)  # type: ignore[arg-type]
     assert said == []
+
+
+def test_the_report_carries_what_each_deployments_placements_weighed():
+    decode = DecodeModel((1, 16), (96, 1536), ((0.03, 0.07), (0.035, 0.09)), contention=1.04)
+    policy = Policy(PrefillModel(0.0, 0.01, 0.0), decode=decode)
+    links = LinkMatrix({("graphflow-replica-0", "graphflow-replica-1"): LinkSpec("ucx", 5e9, 1e-3)})
+    on = calibration_summary(True, policy, links)
+    off = calibration_summary(False, replace(policy, decode=None), links)
+    report = ServeReport((), calibrations=(on, off)).to_json()
+    assert report["calibrations"][0]["decode_steps"]["contention"] == 1.04
+    assert report["calibrations"][1]["decode_steps"] is None
+    assert report["calibrations"][0]["links"][0]["bandwidth_bytes_per_s"] == 5e9
+    assert calibration_line(on) == (
+        "Placement weighed, batching on: replicas stepping at once ×1.04; links 0→1 5.0 GB/s "
+        "(measured at the deployment's start)."
+    )
+    assert "batching off: no decode term" in calibration_line(off)
