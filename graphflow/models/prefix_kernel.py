@@ -7,12 +7,12 @@ buffer first: the prefix is read twice and written once per layer per step. On t
 2-core AMD EPYC host, one thread, SmolLM2's shape, 8 prefixes of 1,024 tokens × 30 layers, 6
 queries per KV head (two decode rows per prefix): gather + flash 46–48 ms a step, this kernel
 23.5 ms; at 3 / 12 / 24 / 48 / 96 queries per KV head 45.5 / 57.0 / 80.5 / 134 / 234 ms against
-18.5 / 34.3 / 58.9 / 102 / 189 (``/work``-side scratch timings while choosing; the served
-figures are in ``experiments/throughput``). It reads each block once, scores 16 keys at a time
-with AVX-512, keeps the softmax online, and prefetches the next block (the hardware prefetcher
-does not run ahead across separate small allocations: without it the kernel took 29 ms).
-Queries beyond :data:`MAX_QUERIES` per KV head (a prefill chunk) go to flash, whose products
-are the better kernel there.
+18.5 / 34.3 / 58.9 / 102 / 189 (scratch timings, not a committed command; the served figures
+are in ``experiments/throughput``). It reads each block once, scores 16 keys at a time
+with AVX-512, keeps the softmax online, and prefetches the next block while reading one (29 ms
+without that: the blocks are separate small allocations).
+Queries beyond :data:`MAX_QUERIES` per KV head (a prefill chunk's) go to flash as before: the
+kernel was timed up to 96, and flash's matrix products are built for many queries.
 
 The kernel is C (``prefix_kernel.c``) compiled on first use with the host's C compiler
 (``$CC``, else ``cc``) for the host's CPU, and cached under ``$XDG_CACHE_HOME/graphflow/kernels`` (else
