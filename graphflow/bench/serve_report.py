@@ -11,7 +11,7 @@ from graphflow.bench.systems import PREFIX_CACHING, lowest_per_key
 from scheduler.cost import LinkMatrix
 from scheduler.policy import Policy
 
-__all__ = ["HolRow", "MemoryRow", "ServeReport", "ServeRow", "percentile"]
+__all__ = ["HolRow", "MemoryRow", "ServeReport", "ServeRow", "calibration_line", "calibration_summary", "percentile"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -206,3 +206,33 @@ def test_the_time_limit_counts_from_the_call_so_a_plan_that_hangs_is_given_up(cl
     with pytest.raises(ValueError, match="timeout must be more than 0 s, got -1"):
         client.run("Add 17 and 25.", timeout_s=-1)
     time.sleep(0.8)  # NOTE: the abandoned plan ends before the next test uses the replica
+
+
+def test_the_contention_factor_is_the_median_of_its_rounds_so_one_busy_moment_does_not_decide_it():
+    from graphflow.client import CONTENTION_ROUNDS, _measure_decode
+
+    # r0's single-row step alone, then with every replica stepping: one round caught the host busy
+    rounds = iter([(0.030, 0.090), (0.030, 0.0309), (0.030, 0.0312)])
+    assert CONTENTION_ROUNDS == 3
+
+    class Replicas:  # the calls _measure_decode makes, answered from the rounds above
+        replicas = ["r0", "r1"]
+        together = 0.0
+
+        def call(self, replica: str, method: str, points: list[tuple[int, int]], steps: int = 3) -> Any:
+            assert method == "decode_seconds"
+            if len(points) > 1:  # the step grid
+                return [(rows, n, 0.03 * rows) for rows, n in points]
+            if replica == "r0" and not self.together:
+                alone, self.together = next(rounds)
+                return [(1, points[0][1], alone)]
+            seconds = self.together
+            if replica == self.replicas[-1]:
+                self.together = 0.0
+            return [(1, points[0][1], seconds)]
+
+        def get(self, answer: Any) -> Any:
+            return answer
+
+    model = _measure_decode(Replicas(), "r0", [96, 384, 1536])
+    assert model is not None and model.contention == pytest.approx(1.04)  # of 3.0, 1.03 and 1.04
