@@ -95,6 +95,14 @@ class LinkMatrix:
             raise ValueError(f"no measured link {src} → {dst} (measured: {sorted(self.pairs)}); recalibrate")
         return found
 
+    def measured(self) -> list[dict[str, object]]:
+        """Each measured pair as JSON (``src``, ``dst``, ``bandwidth_bytes_per_s``, ``latency_s``),
+        in pair order; the default is not a measurement and is left out."""
+        return [
+            {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
+            for (a, b), ln in sorted(self.pairs.items())
+        ]
+
     @property
     def slowest(self) -> LinkSpec:
         """The lowest-bandwidth link (what a summary should quote as the floor)."""

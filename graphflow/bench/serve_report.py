@@ -176,10 +176,7 @@ def calibration_summary(batching: bool, policy: Policy, links: LinkMatrix) -> di
     return {
         "batching": batching,
         "decode_steps": asdict(policy.decode) if policy.decode is not None else None,
-        "links": [
-            {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
-            for (a, b), ln in sorted(links.pairs.items())
-        ],
+        "links": links.measured(),
     }
 
 

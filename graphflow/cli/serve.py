@@ -216,10 +216,7 @@ def serve(
                 # how each replica's engine loop reads the stored prefixes its nodes continue
                 "prefix_reading": {s.replica: s.prefix_reading for s in stats},
                 "measured": list(calibration.measured_now),  # "costs" and "src>dst" pairs this call measured
-                "links": [
-                    {"src": a, "dst": b, "bandwidth_bytes_per_s": ln.bandwidth_bytes_per_s, "latency_s": ln.latency_s}
-                    for (a, b), ln in sorted(calibration.links.pairs.items())
-                ],
+                "links": calibration.links.measured(),
                 # seconds of one engine-loop decode step per (context, rows); None: no engine loop (--no-batching)
                 "decode_steps": asdict(steps) if (steps := calibration.policy.decode) is not None else None,
             }

@@ -42,7 +42,6 @@ MAX_QUERIES = 128  # queries per KV head this kernel takes (more: flash's produc
 HEAD_DIMS = (16, 32, 64, 128)  # what the kernel is built for
 _SOURCE = Path(__file__).with_name("prefix_kernel.c")
 _FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
-_BLOCK_FIELDS = 6  # per block: address, tokens, layer / kv / head / token strides (elements)
 
 
 @dataclass(frozen=True)
@@ -65,8 +64,9 @@ class PrefixKernel:
 
     def blocks(self, parts: list[torch.Tensor]) -> torch.Tensor | None:
         """The kernel's description of ``parts`` (each ``[layers, 2, kv_heads, tokens,
-        head_dim]``), or ``None`` when it cannot read them (:meth:`unusable`, or a head
-        dimension that is not contiguous)."""
+        head_dim]``): a row per part of its address, tokens and layer / key-value / head / token
+        strides in elements (``BLOCK_FIELDS`` in the C source), or ``None`` when it cannot read
+        them (:meth:`unusable`, or a head dimension that is not contiguous)."""
         if any(self.unusable(int(p.shape[4]), p.dtype, p.device) or p.stride(4) != 1 for p in parts):
             return None
         return torch.tensor(
