@@ -33,10 +33,12 @@ unbatched path; its table is in ``experiments/throughput/README.md``):
 * **shared prefix, read in place**: requests that continue one stored prefix read the stored
   blocks themselves (:class:`~graphflow.models.ragged.SharedPrefix`). A decode step's few
   queries attend over them with a kernel of this repo's that reads each block where it lies
-  (:mod:`graphflow.models.prefix_kernel`, AVX-512, built at the replica's start; ``status
-  --json`` gives each replica's ``prefix_reading``): half the time of gathering each layer and
-  running torch's flash over it (23.5 against 47 ms of a 16-row step over 8 prefixes of 1,024
-  SmolLM2 tokens, scratch timings). Without the kernel (another CPU, no compiler), and for a
+  (:mod:`graphflow.models.prefix_kernel`, AVX-512, else portable 8-float vectors: AVX2, Arm;
+  built at the replica's start; ``status --json`` gives each replica's ``prefix_reading``, e.g.
+  ``in place (avx512)``): half the time of gathering each layer and running torch's flash over
+  it (23.5 against 47 ms of a 16-row step over 8 prefixes of 1,024 SmolLM2 tokens, scratch
+  timings; the portable build, forced to AVX2 here, 0.71× gather + flash's time at that head
+  dimension). Without the kernel (no C compiler), and for a
   prefill chunk's many queries, each step gathers one
   layer at a time into the loop thread's gather buffer (one for every prefix, of the largest
   layer gathered: a buffer per prefix cost ~10 MiB more peak growth for 16 agents over one 4K

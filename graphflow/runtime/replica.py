@@ -76,13 +76,15 @@ def _templates(engine: Engine, config: ReplicaConfig) -> TemplateKV | None:
 
 
 def _prefix_reading(engine: Engine, batcher: Batcher | None) -> str:
-    """How nodes read the stored prefixes they continue: "in place" (the engine loop's rows,
-    :mod:`graphflow.models.prefix_kernel`, built here once a host), else how and why."""
+    """How nodes read the stored prefixes they continue: "in place (avx512)" (the engine loop's
+    rows, :mod:`graphflow.models.prefix_kernel`, built here once a host; or its portable build),
+    else how and why."""
     if batcher is None:
         return "copied into each node's cache (no engine loop)"
     dtype = next(engine.model.parameters()).dtype
-    why = prefix_kernel().unusable(engine.identity.layout.head_dim, dtype, torch.device(engine.device))
-    return f"gathered a layer at a time: {why}" if why else "in place"
+    kernel = prefix_kernel()
+    why = kernel.unusable(engine.identity.layout.head_dim, dtype, torch.device(engine.device))
+    return f"gathered a layer at a time: {why}" if why else f"in place ({kernel.isa})"
 
 
 class ReplicaWorker:

@@ -78,7 +78,8 @@ class ReplicaStats:
     engine_busy_s: float = 0.0  # wall seconds the engine loop has spent in forwards
     padded_rows: tuple[tuple[int, int], ...] = ()  # (rows, rows run) of steps the loop pads, as measured at start
     linear_kernel: str = "torch"  # what the model's linear layers run on (torch | onednn), as measured at start
-    prefix_reading: str = "in place"  # how nodes read the stored prefixes they continue ("in place", or how and why)
+    # how nodes read the stored prefixes they continue ("in place (avx512)", or how and why)
+    prefix_reading: str = "in place"
     templates: TemplateStats = field(default_factory=TemplateStats)
     prefix: PrefixHits = field(default_factory=PrefixHits)
     routes: tuple[Route, ...] = ()  # the peers this replica has connected to, and how

@@ -178,7 +178,7 @@ def test_serve_submit_status_shutdown(tmp_path):
         assert all(n < m <= 16 for r in status["replicas"] for n, m in r["padded_rows"]), status["replicas"]
         # and read stored prefixes in place where this host builds the kernel
         why = prefix_kernel().missing
-        reading = "in place" if not why else f"gathered a layer at a time: {why}"
+        reading = f"in place ({prefix_kernel().isa})" if not why else f"gathered a layer at a time: {why}"
         assert all(r["prefix_reading"] == reading for r in status["replicas"]), status["replicas"]
         # the sweep between the deployment's served replicas: one ordered pair, its link as serve measured it
         sweep = _last_json(

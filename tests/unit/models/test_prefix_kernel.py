@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from graphflow.kv.packing import stack_cache
-from graphflow.models.prefix_kernel import MAX_QUERIES, build, prefix_kernel
+from graphflow.models.prefix_kernel import FLAGS, MAX_QUERIES, PrefixKernel, build, prefix_kernel
 from graphflow.models.ragged import Row, SharedPrefix, attend, forward_rows
 
 TOL = 1e-5
@@ -24,10 +24,24 @@ def _avx512() -> bool:
         return " avx512f " in f.read()
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64" or not _avx512(), reason="the kernel is built for AVX-512 hosts")
+@pytest.mark.skipif(platform.machine() != "x86_64" or not _avx512(), reason="the AVX-512 build needs an AVX-512 host")
 def test_the_kernel_builds_on_an_avx512_host():
-    assert prefix_kernel().missing == ""
+    assert prefix_kernel().missing == "" and prefix_kernel().isa == "avx512"
     assert prefix_kernel() is prefix_kernel()  # built once a process
+
+
+PORTABLE_FLAGS = tuple("-march=x86-64-v3" if f == "-march=native" else f for f in FLAGS)  # AVX2: no AVX-512
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory) -> PrefixKernel:
+    """The build a host without AVX-512 gets (AVX2 here), so this host tests it too."""
+    if platform.machine() != "x86_64":
+        pytest.skip("an x86-64 target is how this test asks for a build without AVX-512")
+    kernel = build(flags=PORTABLE_FLAGS, cache=tmp_path_factory.mktemp("kernels"))
+    assert kernel.missing == "", kernel.missing
+    assert kernel.isa == "portable 8-float vectors"
+    return kernel
 
 
 def _blocks(kv: torch.Tensor, tokens: int) -> list[torch.Tensor]:
@@ -58,6 +72,33 @@ def test_the_kernel_equals_attention_over_the_joined_prefix(dim, kv_heads, group
         got, lse = held.attend(layer, q, dim**-0.5)
         assert got.shape == want.shape and lse.shape == want_lse.shape
         assert torch.allclose(got, want, atol=TOL) and torch.allclose(lse, want_lse, atol=TOL)
+
+
+@pytest.mark.parametrize(
+    ("dim", "kv_heads", "group", "t", "length", "block"),
+    [
+        (64, 3, 3, 2, 1024, 16),
+        (64, 2, 2, 1, 100, 16),  # a partial last block: fewer keys than the vector is wide
+        (64, 1, 7, 1, 70, 32),  # 7 queries: four register passes of 2, the last one short
+        (128, 2, 4, 3, 90, 16),  # 12 queries, a pass each
+        (64, 2, 1, 40, 33, 16),
+        (16, 2, 2, 5, 48, 16),
+        (32, 1, 4, 1, 17, 16),
+        (64, 1, 1, 1, 3, 16),  # one block of three keys
+    ],
+)
+def test_the_portable_build_equals_attention_over_the_joined_prefix(portable, dim, kv_heads, group, t, length, block):
+    torch.manual_seed(1)
+    kv = torch.randn(2, 2, kv_heads, length, dim) * 3  # scores spread wide: the exponential's range matters
+    q = torch.randn(1, kv_heads * group, t, dim)
+    parts = _blocks(kv, block)  # NOTE: held while the kernel reads them: it reads their addresses
+    blocks = portable.blocks(parts)
+    assert blocks is not None
+    for layer in range(2):
+        want, want_lse = attend(q, kv[layer, 0][None], kv[layer, 1][None], dim**-0.5, causal=False)
+        got, lse = portable.attend(q.reshape(kv_heads, group * t, dim).contiguous(), blocks, layer, dim**-0.5)
+        assert torch.allclose(got.view_as(want), want, atol=TOL)
+        assert torch.allclose(lse.view_as(want_lse), want_lse, atol=TOL)
 
 
 def test_a_gathered_prefix_and_many_queries_take_flash():
