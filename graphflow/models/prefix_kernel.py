@@ -13,7 +13,10 @@ with AVX-512, keeps the softmax online, and prefetches the next block while read
 without that: the blocks are separate small allocations). Where the compiler does not target
 AVX-512 (AVX2-only x86-64, Arm), the same source builds the same loop on portable 8-float
 vectors (GCC / Clang vector extensions), so such hosts read prefixes in place too;
-:attr:`PrefixKernel.isa` says which was built. Attention alone over the workload above (a scratch
+:attr:`PrefixKernel.isa` says which was built. The tests check it here built for AVX2, and built
+for Arm (NEON) and run under emulation where Debian's ``gcc-aarch64-linux-gnu`` and
+``qemu-user`` are installed (``tests/unit/models/prefix_kernel_check.c``; CI has neither, so
+there it skips); it has not run on Arm hardware. Attention alone over the workload above (a scratch
 timing on this host, with the portable build forced to AVX2 by ``-march=x86-64-v3``; torch's
 flash measured the same with ``ATEN_CPU_CAPABILITY=avx2``): 42.3 ms a step portable, 30.7 AVX-512,
 59.3 gather + flash; at head dimension 32 31.0 / 15.2 / 39.6, at 128 93.0 / 55.8 / 99.5 (little

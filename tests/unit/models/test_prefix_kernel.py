@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import platform
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
 from graphflow.kv.packing import stack_cache
+from graphflow.models import prefix_kernel as kernel_module
 from graphflow.models.prefix_kernel import FLAGS, MAX_QUERIES, PrefixKernel, build, prefix_kernel
 from graphflow.models.ragged import Row, SharedPrefix, attend, forward_rows
 
@@ -161,3 +165,25 @@ def test_rows_over_a_prefix_read_in_place_decode_as_over_a_gathered_one():
         tokens[in_place] = torch.stack([torch.stack(s) for s in steps])
     assert torch.allclose(tokens[True], tokens[False], atol=TOL)
     assert torch.equal(tokens[True].argmax(-1), tokens[False].argmax(-1))
+
+
+ARM_CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+
+
+@pytest.mark.skipif(
+    not (ARM_CC and QEMU), reason="needs Debian's gcc-aarch64-linux-gnu and qemu-user (an Arm compiler and emulator)"
+)
+def test_the_portable_build_is_right_on_arm(tmp_path):
+    """The portable build for Arm (NEON), run under emulation by a C program of its own."""
+    assert ARM_CC and QEMU
+    source = Path(kernel_module.__file__).with_name("prefix_kernel.c")
+    check = Path(__file__).with_name("prefix_kernel_check.c")
+    subprocess.run([ARM_CC, "-O3", "-c", str(source), "-o", str(tmp_path / "kernel.o")], check=True)
+    # NOTE: the check itself at -O1: GCC 12's Arm vectorizer stops with an internal error on its loops
+    program = tmp_path / "check"
+    subprocess.run(
+        [ARM_CC, "-O1", "-static", str(check), str(tmp_path / "kernel.o"), "-o", str(program), "-lm"], check=True
+    )
+    done = subprocess.run([QEMU, str(program)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("portable 8-float vectors: worst absolute error")
