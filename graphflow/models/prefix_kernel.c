@@ -1,17 +1,19 @@
 /* Attention of a few queries over a prefix's KV, read from its stored blocks in place.
  *
  * Built and loaded by graphflow/models/prefix_kernel.py (see its docstring for why this exists
- * and what it measured). float32, head dimension 16, 32, 64 or 128. Two builds of one source:
+ * and what it measured). float32 or bfloat16 KV (read as float32), float32 queries, head
+ * dimension 16, 32, 64 or 128. Two builds of one source:
  * AVX-512 where the compiler targets it, else portable 8-float vectors (GCC / Clang vector
  * extensions: AVX2 on x86-64, NEON on Arm, whatever the target has); prefix_kernel_isa() says
  * which was built.
  *
  * q, out: [kv_heads, G, D] (G: the queries of every query head sharing a KV head, folded);
  * lse: [kv_heads, G], the natural log-sum-exp of each query's scaled scores.
- * blocks: n rows of BLOCK_FIELDS int64: the block's address, its tokens, and the element
- * strides of its layer, key/value, KV head and token dimensions (the head dimension is
- * contiguous). Keys of block b, layer l, head h start at address + l*layer + h*head; values
- * kv elements further.
+ * blocks: n rows of BLOCK_FIELDS int64: the block's address, its tokens, the element strides
+ * of its layer, key/value, KV head and token dimensions (the head dimension is contiguous), and
+ * its element's bytes (4: float32, 2: bfloat16; the first block's is every block's). Keys of
+ * block b, layer l, head h start at address + l*layer + h*head elements; values kv elements
+ * further.
  *
  * Each block's keys are scored a vector's width at a time against each query, softmax runs
  * online (a running max and sum per query), and the values are accumulated with every query's
@@ -22,11 +24,12 @@
 #include <math.h>
 #include <stdint.h>
 
-enum { BLOCK_FIELDS = 6 };
+enum { BLOCK_FIELDS = 7 };
 
 static inline void prefetch_block(const int64_t *blk, int64_t layer, int64_t head) {
-    const char *k = (const char *)((const float *)(intptr_t)blk[0] + layer * blk[2] + head * blk[4]);
-    const int64_t bytes = blk[1] * blk[5] * (int64_t)sizeof(float), kv = blk[3] * (int64_t)sizeof(float);
+    const int64_t size = blk[6];
+    const char *k = (const char *)(intptr_t)blk[0] + (layer * blk[2] + head * blk[4]) * size;
+    const int64_t bytes = blk[1] * blk[5] * size, kv = blk[3] * size;
     for (int64_t o = 0; o < bytes; o += 64) {
         __builtin_prefetch(k + o, 0, 3);
         __builtin_prefetch(k + kv + o, 0, 3);
@@ -45,8 +48,14 @@ const char *prefix_kernel_isa(void) { return "avx512"; }
 #define GROUPS(D) ((D) == 128 ? 3 : 6)
 #define VZERO() _mm512_setzero_ps()
 #define VSPLAT(x) _mm512_set1_ps(x)
-#define VLOAD(p) _mm512_loadu_ps(p)
 #define VSTORE(p, v) _mm512_storeu_ps(p, v)
+
+static inline vec load_f32(const float *p) { return _mm512_loadu_ps(p); }
+
+/* 16 bfloat16s as float32: each one's bits are a float32's upper half */
+static inline vec load_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 
@@ -84,19 +93,20 @@ static inline __m512 lane_sums(const __m512 *v) {
 
 /* lane j: scale * q . k_j for the block's keys j < T (16 at a time, summed by a transpose), -inf past T;
  * top: the largest */
-static inline vec scores(const float *qg, const float *K, int64_t step, int T, int C, float scale, float *top) {
-    __m512 part[LANES];
-    for (int j = 0; j < LANES; j++) {
-        const float *kj = K + (j < T ? j : 0) * step;
-        __m512 s = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(kj));
-        for (int c = 1; c < C; c++) s = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), _mm512_loadu_ps(kj + 16 * c), s);
-        part[j] = s;
+#define DEFINE_SCORES(NAME, ELEM, LOAD)                                                                   \
+    static inline vec NAME(const float *qg, const ELEM *K, int64_t step, int T, int C, float scale, float *top) { \
+        __m512 part[LANES];                                                                            \
+        for (int j = 0; j < LANES; j++) {                                                              \
+            const ELEM *kj = K + (j < T ? j : 0) * step;                                               \
+            __m512 s = _mm512_mul_ps(_mm512_loadu_ps(qg), LOAD(kj));                                   \
+            for (int c = 1; c < C; c++) s = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), LOAD(kj + 16 * c), s); \
+            part[j] = s;                                                                               \
+        }                                                                                              \
+        __m512 s = _mm512_mul_ps(lane_sums(part), _mm512_set1_ps(scale));                              \
+        s = _mm512_mask_blend_ps((__mmask16)((1u << T) - 1u), _mm512_set1_ps(-INFINITY), s);           \
+        *top = _mm512_reduce_max_ps(s);                                                                \
+        return s;                                                                                      \
     }
-    __m512 s = _mm512_mul_ps(lane_sums(part), _mm512_set1_ps(scale));
-    s = _mm512_mask_blend_ps((__mmask16)((1u << T) - 1u), _mm512_set1_ps(-INFINITY), s);
-    *top = _mm512_reduce_max_ps(s);
-    return s;
-}
 
 static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
 
@@ -119,6 +129,21 @@ static inline v8 load8(const float *p) {
 }
 
 static inline void store8(float *p, v8 v) { __builtin_memcpy(p, &v, sizeof v); }
+
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+static inline vec load_f32(const float *p) { return load8(p); }
+
+/* 8 bfloat16s as float32: each one's bits are a float32's upper half */
+static inline vec load_bf16(const uint16_t *p) {
+    v8h h;
+    __builtin_memcpy(&h, p, sizeof h);
+    const v8u bits = __builtin_convertvector(h, v8u) << 16;
+    v8 v;
+    __builtin_memcpy(&v, &bits, sizeof v);
+    return v;
+}
 
 static inline v8 splat8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 
@@ -150,29 +175,29 @@ const char *prefix_kernel_isa(void) { return "portable 8-float vectors"; }
 #define GROUPS(D) ((D) == 16 ? 6 : (D) == 32 ? 4 : (D) == 64 ? 2 : 1)
 #define VZERO() splat8(0.0f)
 #define VSPLAT(x) splat8(x)
-#define VLOAD(p) load8(p)
 #define VSTORE(p, v) store8(p, v)
 #define VMUL(a, b) ((a) * (b))
 #define VFMA(a, b, c) ((a) * (b) + (c))
 
 /* lane j: scale * q . k_j for the block's keys j < T, each summed across its lanes (a transpose
  * by shuffles, as the AVX-512 build sums them, took 53 against 48 ms on AVX2), -inf past T; top: the largest */
-static inline vec scores(const float *qg, const float *K, int64_t step, int T, int C, float scale, float *top) {
-    float s[LANES];
-    *top = -INFINITY;
-    for (int j = 0; j < LANES; j++) {
-        if (j >= T) {
-            s[j] = -INFINITY;
-            continue;
-        }
-        const float *kj = K + j * step;
-        v8 a = load8(qg) * load8(kj);
-        for (int c = 1; c < C; c++) a += load8(qg + 8 * c) * load8(kj + 8 * c);
-        s[j] = sum8(a) * scale;
-        *top = s[j] > *top ? s[j] : *top;
+#define DEFINE_SCORES(NAME, ELEM, LOAD)                                                                   \
+    static inline vec NAME(const float *qg, const ELEM *K, int64_t step, int T, int C, float scale, float *top) { \
+        float s[LANES];                                                                                \
+        *top = -INFINITY;                                                                              \
+        for (int j = 0; j < LANES; j++) {                                                              \
+            if (j >= T) {                                                                              \
+                s[j] = -INFINITY;                                                                      \
+                continue;                                                                              \
+            }                                                                                          \
+            const ELEM *kj = K + j * step;                                                             \
+            v8 a = load8(qg) * LOAD(kj);                                                               \
+            for (int c = 1; c < C; c++) a += load8(qg + 8 * c) * LOAD(kj + 8 * c);                    \
+            s[j] = sum8(a) * scale;                                                                    \
+            *top = s[j] > *top ? s[j] : *top;                                                          \
+        }                                                                                              \
+        return load8(s);                                                                               \
     }
-    return load8(s);
-}
 
 static inline float vsum(vec v) { return sum8(v); }
 
@@ -185,8 +210,11 @@ static inline vec weights(vec s, float top, int T) {
 
 #endif
 
-/* One head dimension D; C: its vector chunks */
-#define DEFINE_ATTEND(NAME, D)                                                                           \
+DEFINE_SCORES(scores_f32, float, load_f32)
+DEFINE_SCORES(scores_bf16, uint16_t, load_bf16)
+
+/* One head dimension D over KV of ELEM (read by LOAD, scored by SCORES); C: its vector chunks */
+#define DEFINE_ATTEND(NAME, D, ELEM, LOAD, SCORES)                                                       \
     static void NAME(const float *q, int64_t heads, int64_t G, float scale, const int64_t *blocks,    \
                      int64_t n, int64_t layer, float *out, float *lse) {                              \
         enum { C = (D) / LANES, MAXG = GROUPS(D) };                                                    \
@@ -204,15 +232,15 @@ static inline vec weights(vec s, float top, int T) {
                 for (int64_t b = 0; b < n; b++) {                                                      \
                     const int64_t *blk = blocks + b * BLOCK_FIELDS;                                    \
                     if (b + 1 < n) prefetch_block(blk + BLOCK_FIELDS, layer, h);                       \
-                    const float *keys = (const float *)(intptr_t)blk[0] + layer * blk[2] + h * blk[4]; \
+                    const ELEM *keys = (const ELEM *)(intptr_t)blk[0] + layer * blk[2] + h * blk[4];   \
                     const int64_t kv = blk[3], step = blk[5];                                          \
                     for (int64_t t0 = 0; t0 < blk[1]; t0 += LANES) {                                   \
                         const int T = (int)(blk[1] - t0 < LANES ? blk[1] - t0 : LANES);                \
-                        const float *K = keys + t0 * step, *V = K + kv;                                \
+                        const ELEM *K = keys + t0 * step, *V = K + kv;                                 \
                         float w[MAXG][LANES];                                                          \
                         for (int g = 0; g < ng; g++) {                                                 \
                             float top;                                                                 \
-                            const vec s = scores(qh + g * (D), K, step, T, C, scale, &top);            \
+                            const vec s = SCORES(qh + g * (D), K, step, T, C, scale, &top);            \
                             const float mnew = top > m[g] ? top : m[g];                                \
                             const float corr = expf(m[g] - mnew);                                      \
                             const vec e = weights(s, mnew, T);                                         \
@@ -222,9 +250,9 @@ static inline vec weights(vec s, float top, int T) {
                             VSTORE(w[g], e);                                                           \
                         }                                                                              \
                         for (int j = 0; j < T; j++) {                                                  \
-                            const float *vj = V + j * step;                                            \
+                            const ELEM *vj = V + j * step;                                             \
                             for (int c = 0; c < C; c++) {                                              \
-                                const vec vv = VLOAD(vj + LANES * c);                                  \
+                                const vec vv = LOAD(vj + LANES * c);                                   \
                                 for (int g = 0; g < ng; g++) acc[g][c] = VFMA(VSPLAT(w[g][j]), vv, acc[g][c]); \
                             }                                                                          \
                         }                                                                              \
@@ -240,23 +268,29 @@ static inline vec weights(vec s, float top, int T) {
         }                                                                                              \
     }
 
-DEFINE_ATTEND(attend_d16, 16)
-DEFINE_ATTEND(attend_d32, 32)
-DEFINE_ATTEND(attend_d64, 64)
-DEFINE_ATTEND(attend_d128, 128)
+#define DEFINE_ATTENDS(E, ELEM)                                                                          \
+    DEFINE_ATTEND(attend_##E##_d16, 16, ELEM, load_##E, scores_##E)                                     \
+    DEFINE_ATTEND(attend_##E##_d32, 32, ELEM, load_##E, scores_##E)                                     \
+    DEFINE_ATTEND(attend_##E##_d64, 64, ELEM, load_##E, scores_##E)                                     \
+    DEFINE_ATTEND(attend_##E##_d128, 128, ELEM, load_##E, scores_##E)
 
-/* 0 when done; 1 when the head dimension is not one this kernel has */
+DEFINE_ATTENDS(f32, float)
+DEFINE_ATTENDS(bf16, uint16_t)
+
+#define CALL_ATTEND(E)                                                                                   \
+    switch (D) {                                                                                       \
+    case 16: attend_##E##_d16(q, heads, G, scale, blocks, n, layer, out, lse); return 0;                \
+    case 32: attend_##E##_d32(q, heads, G, scale, blocks, n, layer, out, lse); return 0;                \
+    case 64: attend_##E##_d64(q, heads, G, scale, blocks, n, layer, out, lse); return 0;                \
+    case 128: attend_##E##_d128(q, heads, G, scale, blocks, n, layer, out, lse); return 0;              \
+    default: return 1;                                                                                 \
+    }
+
+/* 0 when done; 1 when the head dimension is not one this kernel has; 2 when the element is not */
 int prefix_attend(const float *q, int64_t heads, int64_t G, int64_t D, float scale, const int64_t *blocks,
                   int64_t n, int64_t layer, float *out, float *lse) {
-    if (D == 16)
-        attend_d16(q, heads, G, scale, blocks, n, layer, out, lse);
-    else if (D == 32)
-        attend_d32(q, heads, G, scale, blocks, n, layer, out, lse);
-    else if (D == 64)
-        attend_d64(q, heads, G, scale, blocks, n, layer, out, lse);
-    else if (D == 128)
-        attend_d128(q, heads, G, scale, blocks, n, layer, out, lse);
-    else
-        return 1;
-    return 0;
+    const int64_t size = n > 0 ? blocks[6] : 4;
+    if (size == 4) CALL_ATTEND(f32)
+    if (size == 2) CALL_ATTEND(bf16)
+    return 2;
 }

@@ -33,7 +33,7 @@ unbatched path; its table is in ``experiments/throughput/README.md``):
 * **shared prefix, read in place**: requests that continue one stored prefix read the stored
   blocks themselves (:class:`~graphflow.models.ragged.SharedPrefix`). A decode step's few
   queries attend over them with a kernel of this repo's that reads each block where it lies
-  (:mod:`graphflow.models.prefix_kernel`, AVX-512, else portable 8-float vectors: AVX2, Arm;
+  (:mod:`graphflow.models.prefix_kernel`, float32 or bfloat16 KV, AVX-512, else portable 8-float vectors: AVX2, Arm;
   built at the replica's start; ``status --json`` gives each replica's ``prefix_reading``, e.g.
   ``in place (avx512)``): half the time of gathering each layer and running torch's flash over
   it (23.5 against 47 ms of a 16-row step over 8 prefixes of 1,024 SmolLM2 tokens, scratch

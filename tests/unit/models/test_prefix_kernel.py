@@ -105,6 +105,27 @@ def test_the_portable_build_equals_attention_over_the_joined_prefix(portable, di
         assert torch.allclose(lse.view_as(want_lse), want_lse, atol=TOL)
 
 
+@pytest.mark.parametrize("build_of", ["native", "portable"])
+@pytest.mark.parametrize(("dim", "group", "t"), [(64, 3, 2), (128, 7, 1), (16, 2, 5)])
+def test_bfloat16_blocks_are_read_as_float32(request, build_of, dim, group, t):
+    """A bfloat16 model's blocks: the kernel widens them exactly, so it matches float32 attention
+    over the same (bfloat16) values within float32 rounding, and answers in the queries' dtype."""
+    kernel = _kernel() if build_of == "native" else request.getfixturevalue("portable")
+    torch.manual_seed(2)
+    kv = (torch.randn(2, 2, 2, 70, dim) * 3).bfloat16()
+    q = torch.randn(1, 2 * group, t, dim).bfloat16()
+    parts = _blocks(kv, 16)
+    blocks = kernel.blocks(parts)
+    assert blocks is not None
+    for layer in range(2):
+        want, want_lse = attend(q.float(), kv[layer, 0][None].float(), kv[layer, 1][None].float(), dim**-0.5, False)
+        got, lse = kernel.attend(q.reshape(2, group * t, dim), blocks, layer, dim**-0.5)
+        assert got.dtype == torch.bfloat16 and lse.dtype == torch.float32
+        assert torch.allclose(lse.view_as(want_lse), want_lse, atol=TOL)
+        # float32 results rounded once to bfloat16: within half a bfloat16 step (2**-8 relative)
+        assert torch.allclose(got.view_as(want).float(), want, rtol=2**-8, atol=TOL)
+
+
 def test_a_gathered_prefix_and_many_queries_take_flash():
     torch.manual_seed(0)
     kv = torch.randn(2, 2, 1, 48, 64)
@@ -120,7 +141,8 @@ def test_a_gathered_prefix_and_many_queries_take_flash():
 def test_blocks_the_kernel_cannot_read_are_gathered():
     kernel = _kernel()
     kv = torch.randn(2, 2, 1, 32, 64)
-    assert kernel.blocks(_blocks(kv.to(torch.bfloat16), 16)) is None  # float32 only
+    assert kernel.blocks(_blocks(kv.half(), 16)) is None  # float32 and bfloat16 only
+    assert kernel.blocks(_blocks(kv, 16)[:1] + _blocks(kv.bfloat16(), 16)[1:]) is None  # one dtype a prefix
     assert kernel.blocks(_blocks(torch.randn(2, 2, 1, 32, 48), 16)) is None  # head dimensions it was built for
     assert not SharedPrefix(_blocks(kv.double(), 16)).in_place
     assert not SharedPrefix.from_tensor(kv).in_place  # one part: its layers are views already
@@ -138,7 +160,10 @@ def test_a_kernel_that_cannot_be_built_says_why(tmp_path):
     assert broken.library is None and "could not be loaded" in broken.missing
 
 
-def test_rows_over_a_prefix_read_in_place_decode_as_over_a_gathered_one():
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, TOL), (torch.bfloat16, 0.02)])
+def test_rows_over_a_prefix_read_in_place_decode_as_over_a_gathered_one(dtype, tol):
+    """Same tokens; logits within float32 rounding, or within bfloat16's (flash rounds its
+    bfloat16 output, the kernel its own, and later layers carry the difference)."""
     _kernel()
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
@@ -147,7 +172,7 @@ def test_rows_over_a_prefix_read_in_place_decode_as_over_a_gathered_one():
         vocab_size=259, hidden_size=384, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=6, num_key_value_heads=2, head_dim=64,
     )  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval().to(dtype)
     root = list(range(3, 83))  # 80 tokens: five blocks of 16
     with torch.inference_mode():
         cache = DynamicCache()
@@ -163,7 +188,7 @@ def test_rows_over_a_prefix_read_in_place_decode_as_over_a_gathered_one():
             nexts = [Row([int(x.argmax())], r.cache, prefix) for x, r in zip(steps[-1], rows, strict=True)]
             steps.append(forward_rows(model, nexts))
         tokens[in_place] = torch.stack([torch.stack(s) for s in steps])
-    assert torch.allclose(tokens[True], tokens[False], atol=TOL)
+    assert torch.allclose(tokens[True].float(), tokens[False].float(), atol=tol)
     assert torch.equal(tokens[True].argmax(-1), tokens[False].argmax(-1))
 
 
